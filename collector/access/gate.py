@@ -1,0 +1,67 @@
+"""Who is calling: key lookup, server signature presence, suspension, scopes, domains.
+
+Everything here runs before any storage write and before the body is read
+(the server signature itself is verified once the body is in).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from collector.access.domains import bind_site, gate
+from collector.access.keycache import KeyCache
+from collector.access.scopes import require_scope
+from collector.access.tenants import KeyRecord, KeyType, Site
+from collector.errors import ServiceError
+
+WWW_AUTHENTICATE = 'Service-HMAC realm="events", version=v1'
+
+
+class Caller(msgspec.Struct, frozen=True):
+    record: KeyRecord
+    site: Site
+    key_from_header: bool
+
+
+def resolve_key(
+    cache: KeyCache, header_key: str | None, query_key: str | None
+) -> tuple[KeyRecord, bool]:
+    """The live key record and whether it came from the X-API-Key header (spec 5.1)."""
+    key = header_key or query_key
+    if not key:
+        raise ServiceError(
+            "missing_api_key", "send the API key in the X-API-Key header or the key parameter"
+        )
+    record = cache.lookup(key)
+    if record is None:
+        raise ServiceError("invalid_api_key", "the API key is unknown or revoked")
+    return record, bool(header_key)
+
+
+def admit_writer(
+    cache: KeyCache,
+    *,
+    header_key: str | None,
+    query_key: str | None,
+    origin: str | None,
+    referer: str | None,
+    signature_headers: tuple[str | None, str | None],
+    scope: str = "events:write",
+) -> Caller:
+    """Gate an ingest write (POST /v1/events, /v1/edge/pageview) up to the body."""
+    record, from_header = resolve_key(cache, header_key, query_key)
+    if record.key_type is KeyType.SERVER:
+        timestamp, signature = signature_headers
+        # Spec 5.2: a server key is accepted only in X-API-Key, with both signature headers.
+        if not from_header or not timestamp or not signature:
+            raise ServiceError(
+                "server_signature_required",
+                "server-key event writes need X-API-Key, X-CS-Timestamp and X-CS-Signature",
+                headers={"WWW-Authenticate": WWW_AUTHENTICATE},
+            )
+    if record.suspended:
+        raise ServiceError("account_suspended", "this account is suspended")
+    require_scope(record, scope, error_code="insufficient_permission")
+    matched = gate(record, origin, referer)
+    site = bind_site(record, matched)
+    return Caller(record, site, from_header)

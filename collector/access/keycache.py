@@ -1,0 +1,80 @@
+"""In-process cache of key records over LMDB (spec 5.6).
+
+Found keys are cached for `ttl` seconds (2 minutes), failed lookups for
+`negative_ttl` (30 seconds), so a key imported while the service runs may
+answer 401 for up to 30 seconds, and a revocation takes effect within 2
+minutes. The cache is bounded; the oldest entries go first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+import msgspec
+
+from collector.access.tenants import KeyRecord, decode_record
+from collector.errors import ServiceError
+from storage import keys as key_store
+from storage.env import Storage
+from storage.errors import StorageError
+
+
+class KeyCacheStatistics(msgspec.Struct, frozen=True):
+    entries: int
+    hits: int
+    misses: int
+    read_failures: int
+
+
+class KeyCache:
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        ttl: float = 120.0,
+        negative_ttl: float = 30.0,
+        max_entries: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._storage = storage
+        self._ttl = ttl
+        self._negative_ttl = negative_ttl
+        self._max_entries = max_entries
+        self._clock = clock
+        self._entries: OrderedDict[str, tuple[float, KeyRecord | None]] = OrderedDict()
+        self._hits = self._misses = self._read_failures = 0
+
+    def lookup(self, key: str) -> KeyRecord | None:
+        """The live record for `key`, or None if unknown or revoked.
+
+        Raises ServiceError("service_unavailable") when the key store cannot be read.
+        """
+        now = self._clock()
+        entry = self._entries.get(key)
+        if entry is not None and entry[0] > now:
+            self._hits += 1
+            return entry[1]
+        self._misses += 1
+        try:
+            raw = key_store.get_key(self._storage, key)
+            record = decode_record(raw) if raw is not None else None
+        except (StorageError, msgspec.DecodeError):
+            self._read_failures += 1
+            raise ServiceError(
+                "service_unavailable", "the key configuration could not be read; retry shortly"
+            ) from None
+        if record is not None and record.revokedAt:
+            record = None
+        expires = now + (self._ttl if record is not None else self._negative_ttl)
+        self._entries[key] = (expires, record)
+        self._entries.move_to_end(key)
+        if len(self._entries) > self._max_entries:
+            self._entries.popitem(last=False)
+        return record
+
+    def statistics(self) -> KeyCacheStatistics:
+        return KeyCacheStatistics(
+            len(self._entries), self._hits, self._misses, self._read_failures
+        )

@@ -1,0 +1,124 @@
+"""The tenants file of the operator contract, and the key record stored per key.
+
+`KeyRecord` is both the tenants-file entry and what `storage.keys` stores (as
+JSON). Stored Structs evolve only by appending fields with defaults.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated
+
+import msgspec
+
+
+class KeyType(enum.StrEnum):
+    BROWSER = "browser"
+    MOBILE = "mobile"
+    SERVER = "server"
+
+
+class Plan(enum.StrEnum):
+    FREE = "free"
+    PAID = "paid"
+
+
+class Site(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    siteId: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    name: str = ""
+    domains: list[str] = []
+    plan: str | None = None  # None: the key's plan
+    strictConsent: bool = False
+
+
+class Contract(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """A reviewed capacity contract: any given value replaces the package value."""
+
+    monthlyPageviews: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    signalsCoverage: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    pageviewCeiling: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    coverageCeiling: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
+class KeyRecord(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    key: Annotated[str, msgspec.Meta(min_length=8, max_length=256)]
+    clientId: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    name: str = ""
+    plan: str = "free"
+    rateLimit: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    createdAt: str = ""
+    keyType: KeyType | None = None  # absent means browser
+    permissions: list[str] = []
+    sites: list[Site] = []
+    suspended: bool = False
+    overage: bool = False
+    billingAccount: str | None = None  # None: clientId
+    contract: Contract | None = None
+    # service-side lifecycle fields, written by `collector keys rotate|revoke`
+    revokedAt: str | None = None
+    replacedBy: str | None = None
+
+    @property
+    def key_type(self) -> KeyType:
+        return self.keyType or KeyType.BROWSER
+
+    @property
+    def normalized_plan(self) -> Plan:
+        """Spec 2.1: older stored plan values are normalised to free or paid."""
+        return normalize_plan(self.plan)
+
+    @property
+    def billing_account(self) -> str:
+        return self.billingAccount or self.clientId
+
+    def site_plan(self, site: Site) -> Plan:
+        return normalize_plan(site.plan) if site.plan else self.normalized_plan
+
+
+_PAID_ALIASES = frozenset({"paid", "pro", "business", "enterprise", "growth", "scale", "team"})
+
+
+def normalize_plan(value: str) -> Plan:
+    return Plan.PAID if value.strip().lower() in _PAID_ALIASES else Plan.FREE
+
+
+class TenantsFile(msgspec.Struct, forbid_unknown_fields=True):
+    keys: list[KeyRecord]
+
+
+class TenantsFileError(ValueError):
+    """The tenants file cannot be used; nothing from it was imported."""
+
+
+_file_decoder = msgspec.json.Decoder(TenantsFile)
+_record_decoder = msgspec.json.Decoder(KeyRecord)
+_encoder = msgspec.json.Encoder()
+
+
+def parse_tenants_file(data: bytes) -> list[KeyRecord]:
+    """Parse and validate a whole tenants file; raises TenantsFileError naming the problem."""
+    try:
+        parsed = _file_decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise TenantsFileError(f"invalid tenants file: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise TenantsFileError(f"tenants file is not valid JSON: {exc}") from None
+    seen: set[str] = set()
+    for index, record in enumerate(parsed.keys):
+        if record.key in seen:
+            raise TenantsFileError(f"invalid tenants file: duplicate key at $.keys[{index}]")
+        seen.add(record.key)
+        if record.key_type is not KeyType.BROWSER and len(record.sites) > 1:
+            raise TenantsFileError(
+                f"invalid tenants file: a {record.key_type} key belongs to one property"
+                f" - at $.keys[{index}].sites"
+            )
+    return parsed.keys
+
+
+def encode_record(record: KeyRecord) -> bytes:
+    return _encoder.encode(record)
+
+
+def decode_record(data: bytes) -> KeyRecord:
+    return _record_decoder.decode(data)

@@ -1,0 +1,168 @@
+"""The nursery tree of one serving process: storage, writer, HTTP server, shutdown.
+
+`serve(settings, *, task_status)` owns every long-lived task. Start-up order:
+open storage, import the tenants file, start the writer, then the HTTP server;
+`task_status.started()` reports the bound address. Shutdown (SIGTERM/SIGINT or
+cancellation) runs in reverse: the server stops accepting and finishes
+in-flight requests, the writer drains and commits what it was handed, storage
+closes.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+from prometheus_client.core import GaugeMetricFamily
+from quart_trio import QuartTrio
+
+from collector.access.keycache import KeyCache
+from collector.demo import DEMO_TENANTS
+from collector.http.ingest import make_ingest_handler
+from collector.http.ops import register_ops_routes
+from collector.http.router import Router
+from collector.limits.buckets import RateLimiter
+from collector.metrics import Metrics, gauge
+from collector.services import Services, wall_clock
+from collector.settings import Settings
+from collector.tenants_admin import import_tenants
+from storage.env import Storage
+from storage.outbox import last_seq
+from storage.writer import GroupCommitWriter
+
+log = logging.getLogger("collector")
+
+
+def open_storage(settings: Settings) -> Storage:
+    return Storage(
+        settings.data_dir,
+        map_size=settings.map_size_mb * 1024 * 1024,
+        max_map_size=settings.max_map_size_mb * 1024 * 1024,
+    )
+
+
+def build_services(
+    settings: Settings, storage: Storage, clock: Callable[[], float] = wall_clock
+) -> Services:
+    metrics = Metrics()
+    writer = GroupCommitWriter(
+        storage,
+        max_queue=settings.writer_max_queue,
+        max_group=settings.writer_max_group,
+        clock_ms=lambda: int(clock() * 1000),
+        on_commit=metrics.on_commit,
+    )
+    keys = KeyCache(storage, ttl=settings.key_cache_ttl, negative_ttl=settings.key_negative_ttl)
+    services = Services(
+        settings=settings,
+        storage=storage,
+        writer=writer,
+        keys=keys,
+        limiter=RateLimiter(),
+        metrics=metrics,
+        clock=clock,
+    )
+    metrics.add_gauges(lambda: _component_gauges(services))
+    return services
+
+
+def _component_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
+    stats = services.writer.statistics()
+    yield gauge("collector_writer_queue_depth", "Jobs waiting for the writer", stats.queued)
+    yield gauge("collector_writer_transactions", "Group-commit transactions committed", stats.transactions)
+    yield gauge("collector_writer_requests_committed", "Requests committed by the writer", stats.jobs_committed)
+    yield gauge("collector_writer_requests_refused", "Requests refused inside admission", stats.jobs_refused)
+    yield gauge("collector_writer_requests_failed", "Requests whose commit failed", stats.jobs_failed)
+    yield gauge("collector_writer_busy_refusals", "Requests refused because the writer queue was full", stats.busy_refusals)
+    yield gauge("collector_writer_healthy", "1 while the last commit succeeded", 1 if services.writer.healthy else 0)
+    map_size, used = services.storage.usage()
+    yield gauge("collector_lmdb_map_size_bytes", "LMDB map size", map_size)
+    yield gauge("collector_lmdb_used_bytes", "LMDB pages in use", used)
+    yield gauge("collector_outbox_last_seq", "Sequence number of the newest outbox entry", last_seq(services.storage))
+    cache = services.keys.statistics()
+    yield gauge("collector_key_cache_entries", "Key records cached", cache.entries)
+    limiter = services.limiter.statistics()
+    yield gauge("collector_rate_buckets", "Request-rate buckets held in memory", limiter.buckets)
+
+
+def build_asgi(services: Services) -> Router:
+    quart = QuartTrio("collector")
+    register_ops_routes(quart, services)
+    router = Router(quart, services)
+    router.add("/v1/events", make_ingest_handler(services, edge=False))
+    router.add("/v1/edge/pageview", make_ingest_handler(services, edge=True))
+    return router
+
+
+def hypercorn_config(settings: Settings) -> HypercornConfig:
+    config = HypercornConfig()
+    config.bind = [settings.bind]
+    config.graceful_timeout = settings.graceful_timeout
+    config.read_timeout = int(settings.read_timeout)
+    config.keep_alive_timeout = settings.keep_alive_timeout
+    config.keep_alive_max_requests = settings.keep_alive_max_requests
+    config.backlog = settings.backlog
+    config.accesslog = None  # the router writes its own structured lines
+    config.errorlog = logging.getLogger("hypercorn.error")
+    return config
+
+
+async def serve(
+    settings: Settings,
+    *,
+    clock: Callable[[], float] = wall_clock,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until cancelled or signalled; reports the bound URLs through task_status."""
+    storage = open_storage(settings)
+    try:
+        if settings.demo_tenant:
+            import_tenants(storage, DEMO_TENANTS)
+        if settings.tenants:
+            import_tenants(storage, Path(settings.tenants).read_bytes())
+        services = build_services(settings, storage, clock)
+        app = build_asgi(services)
+        async with trio.open_nursery() as outer:
+            await outer.start(services.writer.run)
+            shutdown = trio.Event()
+            config = hypercorn_config(settings)
+            async with trio.open_nursery() as server_nursery:
+                binds = await server_nursery.start(
+                    _serve_http, app, config, shutdown
+                )
+                for url in binds:
+                    print(f"collector listening on {url}", flush=True)
+                log.info("listening on %s", ", ".join(binds))
+                task_status.started(binds)
+                server_nursery.start_soon(_watch_signals, shutdown)
+            # The server has drained; now the writer drains and stops.
+            outer.cancel_scope.cancel()
+    finally:
+        storage.close()
+        log.info("storage closed")
+
+
+async def _serve_http(
+    app: Router,
+    config: HypercornConfig,
+    shutdown: trio.Event,
+    *,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    async def shutdown_trigger() -> None:
+        await shutdown.wait()
+
+    await hypercorn_serve(app, config, shutdown_trigger=shutdown_trigger, task_status=task_status)  # type: ignore[arg-type]
+
+
+async def _watch_signals(shutdown: trio.Event) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("received %s: draining", signal.Signals(signum).name)
+            shutdown.set()
+            return

@@ -1,0 +1,203 @@
+"""The `collector` command of the operator contract.
+
+Exit status 0 on success; on bad input a one-line message on stderr and 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import msgspec
+
+from collector.access.tenants import TenantsFileError
+from collector.settings import Settings, SettingsError, load_settings
+from storage.errors import StorageError
+
+_json = msgspec.json.Encoder()
+
+
+class UsageError(Exception):
+    """Bad input from the operator: one line on stderr, exit status 2."""
+
+
+def _data_dir_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", dest="data_dir", default=None, help="the data directory")
+
+
+def _settings_from(args: argparse.Namespace) -> Settings:
+    flags = {name: getattr(args, name, None) for name in ("data_dir", "bind", "env", "tenants")}
+    flags["trusted_origin"] = getattr(args, "trusted_origin", None) or []
+    if getattr(args, "demo", False):
+        flags["demo_tenant"] = True
+    if getattr(args, "no_access_log", False):
+        flags["access_log"] = False
+    return load_settings(flags, config_file=getattr(args, "config", None))
+
+
+def _open_storage(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from collector.app import open_storage
+
+    return open_storage(_settings_from(args))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import trio
+
+    from collector.app import serve
+    from collector.logs import configure_logging
+
+    settings = _settings_from(args)
+    configure_logging()
+    trio.run(serve, settings)
+    return 0
+
+
+def cmd_tenants_import(args: argparse.Namespace) -> int:
+    from collector.tenants_admin import import_tenants
+
+    try:
+        data = Path(args.file).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read {args.file}: {exc.strerror}") from None
+    storage = _open_storage(args)
+    try:
+        for record in import_tenants(storage, data):
+            print(f"imported {record.key} clientId={record.clientId} keyType={record.key_type}")
+    finally:
+        storage.close()
+    return 0
+
+
+def cmd_tenants_list(args: argparse.Namespace) -> int:
+    from collector.tenants_admin import list_records
+
+    storage = _open_storage(args)
+    try:
+        for record in list_records(storage):
+            print(_json.encode(record).decode())
+    finally:
+        storage.close()
+    return 0
+
+
+def cmd_keys_rotate(args: argparse.Namespace) -> int:
+    from collector.tenants_admin import rotate_key
+
+    storage = _open_storage(args)
+    try:
+        print(rotate_key(storage, args.key))
+    finally:
+        storage.close()
+    return 0
+
+
+def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    from collector.tenants_admin import revoke_key
+
+    storage = _open_storage(args)
+    try:
+        revoke_key(storage, args.key)
+    finally:
+        storage.close()
+    return 0
+
+
+def cmd_outbox_dump(args: argparse.Namespace) -> int:
+    from storage.outbox import iter_outbox
+
+    storage = _open_storage(args)
+    out = sys.stdout
+    try:
+        for seq, record in iter_outbox(storage, after=args.after):
+            out.write(
+                '{"seq":%d,"receiptId":%s,"clientId":%s,"siteId":%s,"eid":%s,"committedAt":%d,'
+                '"keyType":%s,"event":%s}\n'
+                % (
+                    seq,
+                    _json.encode(record.receipt_id).decode(),
+                    _json.encode(record.client_id).decode(),
+                    _json.encode(record.site_id).decode(),
+                    _json.encode(record.eid).decode(),
+                    record.committed_ms,
+                    _json.encode(record.key_type).decode(),
+                    bytes(record.event).decode(),
+                )
+            )
+    finally:
+        storage.close()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="collector", description="Self-hosted event collector")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="serve HTTP and WebSocket")
+    _data_dir_option(serve)
+    serve.add_argument("--bind", default=None, help="HOST:PORT (default 127.0.0.1:8080)")
+    serve.add_argument("--env", choices=["production", "development"], default=None)
+    serve.add_argument("--tenants", default=None, help="a tenants file imported before serving")
+    serve.add_argument("--trusted-origin", dest="trusted_origin", action="append", default=[])
+    serve.add_argument("--config", default=None, help="a TOML file with the same settings")
+    serve.add_argument("--demo", action="store_true", help="import the built-in demo tenant")
+    serve.add_argument("--no-access-log", action="store_true", help="no per-request log line")
+    serve.set_defaults(func=cmd_serve)
+
+    tenants = commands.add_parser("tenants", help="tenant keys").add_subparsers(dest="sub", required=True)
+    t_import = tenants.add_parser("import", help="upsert every key in FILE")
+    t_import.add_argument("file")
+    _data_dir_option(t_import)
+    t_import.set_defaults(func=cmd_tenants_import)
+    t_list = tenants.add_parser("list", help="one JSON object per key")
+    _data_dir_option(t_list)
+    t_list.set_defaults(func=cmd_tenants_list)
+
+    keys = commands.add_parser("keys", help="key lifecycle").add_subparsers(dest="sub", required=True)
+    k_rotate = keys.add_parser("rotate", help="mobile or server key: mint, register, revoke old")
+    k_rotate.add_argument("key")
+    _data_dir_option(k_rotate)
+    k_rotate.set_defaults(func=cmd_keys_rotate)
+    k_revoke = keys.add_parser("revoke", help="revoke KEY")
+    k_revoke.add_argument("key")
+    _data_dir_option(k_revoke)
+    k_revoke.set_defaults(func=cmd_keys_revoke)
+
+    outbox = commands.add_parser("outbox", help="the committed events").add_subparsers(dest="sub", required=True)
+    o_dump = outbox.add_parser("dump", help="every committed event, one JSON object per line")
+    o_dump.add_argument("--after", type=int, default=0, help="only sequence numbers above this")
+    _data_dir_option(o_dump)
+    o_dump.set_defaults(func=cmd_outbox_dump)
+    return parser
+
+
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    func: Callable[[argparse.Namespace], int] = args.func
+    from collector.tenants_admin import KeyAdminError
+    from storage.errors import FormatError
+
+    try:
+        return func(args)
+    except (UsageError, SettingsError, TenantsFileError, KeyAdminError, FormatError) as exc:
+        print(f"collector: {exc}", file=sys.stderr)
+        return 2
+    except StorageError as exc:
+        print(f"collector: storage error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+"""POST /v1/events and POST /v1/edge/pageview as a thin raw-ASGI handler.
+
+request -> gate (no storage) -> rate bucket -> body -> pure pipeline ->
+group-commit admission -> 202. Every refusal is a ServiceError rendered by
+one function; nothing is stored unless the admission commits.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import msgspec
+
+from collector.access.gate import admit_writer
+from collector.access.signature import verify_server_signature
+from collector.access.tenants import KeyType
+from collector.errors import RawErrorBody, ServiceError, render_error
+from collector.http.asgi import ClientGone, Receive, Request, Scope, Send, read_body, send_response
+from collector.http.headers import (
+    billing_block,
+    cors_headers,
+    preflight_headers,
+    refusal_body,
+    refusal_headers,
+    usage_headers,
+)
+from collector.ingest import decompress_body, prepare_batch
+from collector.ingest.model import IngestContext, MeterKind, PreparedBatch
+from collector.limits.buckets import rate_headers, refusal
+from collector.limits.rates import bucket_id, scope_rate
+from collector.limits.usage import (
+    COVERAGE_UNIT,
+    PAGEVIEW_UNIT,
+    UsagePolicy,
+    UsageRefusal,
+    UsageSnapshot,
+    billing_period,
+    decide,
+    policy_for,
+)
+from collector.services import Services
+from storage import counters
+from storage.admission import Admission, AdmissionResult, Candidate, Conflict
+from storage.errors import StorageError, WriterBusy
+from storage.idempotency import public_ledger_key
+from storage.writer import JobRefused
+
+log = logging.getLogger("collector.ingest")
+
+RAW_BODY_LIMIT = 10 * 1024 * 1024
+GZIP_BODY_LIMIT = 1 * 1024 * 1024
+UNITS = (PAGEVIEW_UNIT, COVERAGE_UNIT)
+_UNIT_OF = {MeterKind.PAGEVIEW: PAGEVIEW_UNIT, MeterKind.COVERAGE: COVERAGE_UNIT, MeterKind.NONE: None}
+_encoder = msgspec.json.Encoder()
+
+
+def make_ingest_handler(
+    services: Services, *, edge: bool
+) -> Callable[[Scope, Receive, Send], object]:
+    route = "/v1/edge/pageview" if edge else "/v1/events"
+
+    async def handle(scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope)
+        origin = request.headers.get("origin")
+        headers = [("X-Request-ID", request.request_id), *cors_headers(origin)]
+        status = 500
+        try:
+            if request.method == "OPTIONS":
+                status = 204
+                allowed = preflight_headers(origin) if origin else []
+                await send_response(send, 204, b"", [("X-Request-ID", request.request_id), *allowed])
+                return
+            if request.method != "POST":
+                raise ServiceError("method_not_allowed", f"{route} accepts POST only")
+            status, body, extra = await _ingest(services, request, receive, headers, edge)
+        except ServiceError as error:
+            status, body = error.status, render_error(error)
+            extra = list(error.response_headers().items())
+        except RawErrorBody as raw:
+            status, body, extra = raw.status, _encoder.encode(raw.body), []
+        except ClientGone:
+            services.metrics.count_request(route, 499)
+            return
+        except (WriterBusy, StorageError) as exc:
+            unavailable = ServiceError(
+                "storage_unavailable",
+                f"events were not stored ({exc}); retry the complete batch with the same ids",
+            )
+            status, body = unavailable.status, render_error(unavailable)
+            extra = list(unavailable.response_headers().items())
+        headers.extend(extra)
+        services.metrics.count_request(route, status)
+        await send_response(send, status, body, headers)
+
+    return handle
+
+
+async def _ingest(
+    services: Services,
+    request: Request,
+    receive: Receive,
+    headers: list[tuple[str, str]],
+    edge: bool,
+) -> tuple[int, bytes, list[tuple[str, str]]]:
+    hdr = request.headers
+    caller = admit_writer(
+        services.keys,
+        header_key=hdr.get("x-api-key"),
+        query_key=request.query.get("key"),
+        origin=hdr.get("origin"),
+        referer=hdr.get("referer"),
+        signature_headers=(hdr.get("x-cs-timestamp"), hdr.get("x-cs-signature")),
+    )
+    record, site = caller.record, caller.site
+    key_type = record.key_type
+    scope = "mobile:ingest" if key_type is KeyType.MOBILE else "ingest"
+    decision = services.limiter.check(
+        bucket_id(record.clientId, key_type.value, scope),
+        scope_rate(record, scope, record.site_plan(site)),
+        services.clock(),
+    )
+    headers.extend(rate_headers(decision, scope))
+    if not decision.allowed:
+        raise refusal(decision, scope)
+
+    gzip = "gzip" in hdr.get("content-encoding", "").lower()
+    raw = await read_body(request, receive, GZIP_BODY_LIMIT if gzip else RAW_BODY_LIMIT)
+    now_ms = services.now_ms()
+    if key_type is KeyType.SERVER:
+        verify_server_signature(
+            api_key=record.key,
+            timestamp=hdr.get("x-cs-timestamp"),
+            signature=hdr.get("x-cs-signature"),
+            idempotency_key=hdr.get("idempotency-key"),
+            body=raw,
+            now_s=now_ms / 1000,
+        )
+    body = decompress_body(raw, hdr.get("content-encoding"), hdr.get("content-type"))
+    context = IngestContext(
+        client_id=record.clientId,
+        site_id=site.siteId,
+        key_type=key_type.value,
+        production=services.settings.production,
+        now_ms=now_ms,
+        idempotency_key=hdr.get("idempotency-key"),
+        edge=edge,
+        user_agent=hdr.get("user-agent"),
+        strict_consent=site.strictConsent,
+        client_ip=request.client_ip,
+        request_headers=tuple(hdr.items()),
+    )
+    prepared = prepare_batch(body, context)
+    policy = policy_for(record)
+    period = billing_period(now_ms)
+    if prepared.accepted:
+        result = await _admit(services, record.clientId, site.siteId, key_type.value, policy, period, prepared)
+        usage = result.usage
+    else:
+        result = AdmissionResult([], [], None)
+        usage = _current_usage(services, policy, period)
+    headers.extend(usage_headers(policy, usage))
+    duplicates = sum(result.duplicate)
+    accepted = len(prepared.accepted) - duplicates
+    metrics = services.metrics
+    metrics.count_events("accepted", accepted)
+    metrics.count_events("duplicate", duplicates)
+    metrics.count_events("rejected", len(prepared.rejected))
+    metrics.count_events("dropped", len(prepared.dropped))
+    body_out = {
+        "success": True,
+        "accepted": accepted,
+        "duplicates": duplicates,
+        "received": prepared.received,
+        "dropped": len(prepared.dropped),
+        "rejected": len(prepared.rejected),
+        "errors": _event_errors(prepared),
+        "billing": billing_block(policy, usage),
+        "delivery": "durable_outbox",
+        "receiptIds": result.receipt_ids,
+        "ledgerKeys": [public_ledger_key(record.clientId, ev.eid) for ev in prepared.accepted],
+        "timestamp": now_ms,
+    }
+    return 202, _encoder.encode(body_out), []
+
+
+async def _admit(
+    services: Services,
+    client_id: str,
+    site_id: str,
+    key_type: str,
+    policy: UsagePolicy,
+    period: str,
+    prepared: PreparedBatch,
+) -> AdmissionResult:
+    def budget(used: dict[str, int], added: dict[str, int]) -> UsageSnapshot:
+        verdict = decide(
+            policy,
+            period,
+            used_pageviews=used[PAGEVIEW_UNIT],
+            used_coverage=used[COVERAGE_UNIT],
+            add_pageviews=added[PAGEVIEW_UNIT],
+            add_coverage=added[COVERAGE_UNIT],
+        )
+        if isinstance(verdict, UsageRefusal):
+            raise JobRefused(verdict)
+        return verdict
+
+    job = Admission(
+        client_id=client_id,
+        site_id=site_id,
+        key_type=key_type,
+        account=policy.account,
+        period=period,
+        candidates=[
+            Candidate(ev.eid, ev.content_hash, ev.stored, _UNIT_OF[ev.meter]) for ev in prepared.accepted
+        ],
+        window_ms=int(services.settings.idempotency_window_hours * 3_600_000),
+        budget=budget,
+        units=UNITS,
+    )
+    try:
+        result: AdmissionResult = await services.writer.submit(job)
+    except JobRefused as refused:
+        reason = refused.reason
+        if isinstance(reason, Conflict):
+            raise ServiceError(
+                "idempotency_conflict",
+                f"event id {reason.eid!r} was already used with different content",
+                eid=reason.eid,
+                index=prepared.accepted[reason.index].index,
+            ) from None
+        if isinstance(reason, UsageRefusal):
+            raise ServiceError(
+                reason.code,
+                "the monthly budget does not allow this batch; nothing was accepted",
+                headers=refusal_headers(reason),
+                **refusal_body(reason),
+            ) from None
+        raise
+    return result
+
+
+def _current_usage(services: Services, policy: UsagePolicy, period: str) -> UsageSnapshot:
+    try:
+        pageviews = counters.read_counter(services.storage, policy.account, period, PAGEVIEW_UNIT)
+        coverage = counters.read_counter(services.storage, policy.account, period, COVERAGE_UNIT)
+    except StorageError:
+        raise ServiceError(
+            "usage_metering_unavailable", "usage counters could not be read; nothing was accepted"
+        ) from None
+    verdict = decide(policy, period, used_pageviews=pageviews, used_coverage=coverage,
+                     add_pageviews=0, add_coverage=0)
+    assert isinstance(verdict, UsageSnapshot)
+    return verdict
+
+
+def _event_errors(prepared: PreparedBatch) -> list[dict[str, object]]:
+    errors: list[dict[str, object]] = [
+        {
+            "index": ev.index,
+            "eid": ev.eid,
+            "error": ev.code,
+            "issues": [{"path": i.path, "message": i.message} for i in ev.issues],
+        }
+        for ev in prepared.rejected
+    ]
+    errors.extend(
+        {"index": ev.index, "eid": ev.eid, "error": "dropped", "reason": ev.reason}
+        for ev in prepared.dropped
+    )
+    return errors

@@ -1,0 +1,73 @@
+"""What the pure ingest pipeline takes and what it decides.
+
+`prepare_batch(body, ctx) -> PreparedBatch` (in `pipeline.py`) is a plain
+function: no I/O, no clock, no trio. The HTTP layer builds the context, the
+writer admits the accepted candidates in one transaction.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+
+class MeterKind(enum.StrEnum):
+    """Which monthly allowance an admitted event draws on (spec 6.2)."""
+
+    PAGEVIEW = "pageview"  # a human pageview: the monthly pageview cap
+    COVERAGE = "coverage"  # bot pageviews and every accepted non-pageview event
+    NONE = "none"  # counts toward nothing (for example _consent_transition)
+
+
+class IngestContext(msgspec.Struct, frozen=True, kw_only=True):
+    client_id: str
+    site_id: str
+    key_type: str  # "browser" | "mobile" | "server"
+    production: bool
+    now_ms: int
+    idempotency_key: str | None = None  # the header value, untrimmed
+    edge: bool = False  # body is a POST /v1/edge/pageview body, not an events body
+    user_agent: str | None = None  # the request's User-Agent header
+    strict_consent: bool = False  # the bound property drops events without analytics consent
+    client_ip: str | None = None
+    request_headers: tuple[tuple[str, str], ...] = ()  # lower-cased names, for bot heuristics
+
+
+class AcceptedEvent(msgspec.Struct, frozen=True):
+    """An event that passed validation; admission still decides duplicate/conflict."""
+
+    index: int
+    eid: str
+    event_type: str
+    content_hash: bytes  # 16 bytes: xxh3_128 of the client content, before enrichment
+    stored: bytes  # JSON of the enriched event exactly as it goes to the outbox
+    meter: MeterKind
+    is_bot: bool = False
+    bot_category: str | None = None
+
+
+class EventIssue(msgspec.Struct, frozen=True):
+    path: str  # JSONPath-like, relative to the event: "$.page.url"
+    message: str
+
+
+class RejectedEvent(msgspec.Struct, frozen=True):
+    index: int
+    eid: str | None
+    code: str  # "validation_error"
+    issues: list[EventIssue]
+
+
+class DroppedEvent(msgspec.Struct, frozen=True):
+    index: int
+    eid: str | None
+    reason: str  # for example "consent_missing", "checkout_form"
+
+
+class PreparedBatch(msgspec.Struct, frozen=True):
+    received: int
+    single: bool  # the body was one event object, not {"events": [...]}
+    accepted: list[AcceptedEvent]
+    rejected: list[RejectedEvent]
+    dropped: list[DroppedEvent]

@@ -1,0 +1,175 @@
+"""Monthly usage policy and the admission decision (spec 3, 6.2, 7.2, 8.3, 8.4).
+
+Pure: the admitting transaction reads the counters, calls `decide`, and
+writes the new counters only when the decision admits the batch.
+
+How we read the spec's constants (also in the README):
+- Included allowances come from the package table of 8.2 (free = Explore,
+  paid = Pro), replaced by the account's `contract` values where given.
+- Pageview ceiling (`X-Service-Budget-Ceiling`): the included allowance while
+  overage is off; with overage on (paid accounts only) the default safety
+  ceiling of 8.4, "twice the lower-tier allowance", read as twice the
+  allowance of the tier the account is on (the tier below the overage tier,
+  where overage starts): Pro 2 x 25,000 = 50,000. A contract's
+  `pageviewCeiling` replaces it.
+- Signals Coverage: past the included units the coverage mode is `degraded`
+  unless paid overage is on; accepted non-pageview events are refused with
+  `accepted_event_safety_ceiling_reached` only past the coverage safety
+  ceiling, by default twice the included units (contract `coverageCeiling`
+  replaces it).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+
+import msgspec
+
+from collector.access.tenants import KeyRecord, Plan
+
+
+class BillingMode(enum.StrEnum):
+    FULL = "full"
+    METERED_OVERAGE = "metered_overage"
+    BLOCKED = "blocked"
+
+
+class CoverageMode(enum.StrEnum):
+    FULL = "full"
+    DEGRADED = "degraded"
+
+
+PACKAGES: dict[Plan, tuple[int, int]] = {
+    # plan: (human pageviews per month, Signals Coverage units per month)
+    Plan.FREE: (5_000, 25_000),
+    Plan.PAID: (25_000, 250_000),
+}
+
+PAGEVIEW_UNIT = "pageview"
+COVERAGE_UNIT = "coverage"
+
+
+class UsagePolicy(msgspec.Struct, frozen=True):
+    account: str
+    plan: Plan
+    overage: bool  # paid overage actually in force
+    pageview_included: int
+    pageview_ceiling: int
+    coverage_included: int
+    coverage_ceiling: int
+
+
+def policy_for(key: KeyRecord) -> UsagePolicy:
+    plan = key.normalized_plan
+    pageviews, coverage = PACKAGES[plan]
+    contract = key.contract
+    if contract is not None:
+        pageviews = contract.monthlyPageviews if contract.monthlyPageviews is not None else pageviews
+        coverage = contract.signalsCoverage if contract.signalsCoverage is not None else coverage
+    overage = key.overage and plan is Plan.PAID
+    pageview_ceiling = 2 * pageviews if overage else pageviews
+    coverage_ceiling = 2 * coverage
+    if contract is not None:
+        if contract.pageviewCeiling is not None:
+            pageview_ceiling = contract.pageviewCeiling
+        if contract.coverageCeiling is not None:
+            coverage_ceiling = contract.coverageCeiling
+    return UsagePolicy(
+        account=key.billing_account,
+        plan=plan,
+        overage=overage,
+        pageview_included=pageviews,
+        pageview_ceiling=pageview_ceiling,
+        coverage_included=coverage,
+        coverage_ceiling=coverage_ceiling,
+    )
+
+
+class UsageSnapshot(msgspec.Struct, frozen=True):
+    """Meter state after a request's own admission: what the headers report."""
+
+    period: str
+    pageviews_used: int
+    coverage_used: int
+    pageviews_attempted: int
+    coverage_attempted: int
+    billing_mode: BillingMode
+    coverage_mode: CoverageMode
+
+
+class UsageRefusal(msgspec.Struct, frozen=True):
+    """A billing stop: the batch is refused whole and nothing is counted."""
+
+    code: str  # usage_limit_exceeded | accepted_event_safety_ceiling_reached
+    reason: str  # included_limit_reached | safety_ceiling_reached
+    period: str
+    used: int
+    included: int
+    ceiling: int
+    attempted: int
+    upgrade_required: bool
+
+
+def billing_period(now_ms: int) -> str:
+    """The UTC month of `now_ms` as YYYY-MM."""
+    return time.strftime("%Y-%m", time.gmtime(now_ms / 1000))
+
+
+def _pageview_mode(policy: UsagePolicy, used: int) -> BillingMode:
+    if used <= policy.pageview_included:
+        return BillingMode.FULL
+    if used <= policy.pageview_ceiling and policy.overage:
+        return BillingMode.METERED_OVERAGE
+    return BillingMode.BLOCKED
+
+
+def _coverage_mode(policy: UsagePolicy, used: int) -> CoverageMode:
+    if used < policy.coverage_included or (policy.overage and used < policy.coverage_ceiling):
+        return CoverageMode.FULL
+    return CoverageMode.DEGRADED
+
+
+def decide(
+    policy: UsagePolicy,
+    period: str,
+    *,
+    used_pageviews: int,
+    used_coverage: int,
+    add_pageviews: int,
+    add_coverage: int,
+) -> UsageSnapshot | UsageRefusal:
+    """Admit the whole batch's units or refuse it whole (spec 4.1 rule 6)."""
+    pageviews = used_pageviews + add_pageviews
+    if add_pageviews and pageviews > policy.pageview_ceiling:
+        return UsageRefusal(
+            code="usage_limit_exceeded",
+            reason="safety_ceiling_reached" if policy.overage else "included_limit_reached",
+            period=period,
+            used=used_pageviews,
+            included=policy.pageview_included,
+            ceiling=policy.pageview_ceiling,
+            attempted=add_pageviews,
+            upgrade_required=policy.plan is Plan.FREE,
+        )
+    coverage = used_coverage + add_coverage
+    if add_coverage and coverage > policy.coverage_ceiling:
+        return UsageRefusal(
+            code="accepted_event_safety_ceiling_reached",
+            reason="safety_ceiling_reached",
+            period=period,
+            used=used_coverage,
+            included=policy.coverage_included,
+            ceiling=policy.coverage_ceiling,
+            attempted=add_coverage,
+            upgrade_required=policy.plan is Plan.FREE,
+        )
+    return UsageSnapshot(
+        period=period,
+        pageviews_used=pageviews,
+        coverage_used=coverage,
+        pageviews_attempted=add_pageviews,
+        coverage_attempted=add_coverage,
+        billing_mode=_pageview_mode(policy, pageviews),
+        coverage_mode=_coverage_mode(policy, coverage),
+    )

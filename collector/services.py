@@ -1,0 +1,33 @@
+"""The long-lived components one serving process shares, built once by `app.serve`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from collector.access.keycache import KeyCache
+from collector.limits.buckets import RateLimiter
+from collector.metrics import Metrics
+from collector.settings import Settings
+from storage.env import Storage
+from storage.writer import GroupCommitWriter
+
+
+def wall_clock() -> float:
+    return time.time()
+
+
+@dataclass
+class Services:
+    settings: Settings
+    storage: Storage
+    writer: GroupCommitWriter
+    keys: KeyCache
+    limiter: RateLimiter
+    metrics: Metrics
+    # Wall-clock seconds; tests pass a clock they can move (period rollover).
+    clock: Callable[[], float] = field(default=wall_clock)
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)

@@ -1,0 +1,97 @@
+"""Settings from flags, a TOML file and the environment, as one msgspec Struct.
+
+Precedence: command-line flags, then the `--config` TOML file (snake_case
+keys), then `COLLECTOR_<NAME>` environment variables, then the defaults below.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import tomllib
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+import msgspec
+
+
+class Environment(enum.StrEnum):
+    PRODUCTION = "production"
+    DEVELOPMENT = "development"
+
+
+class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    data_dir: str = "./data"
+    bind: str = "127.0.0.1:8080"
+    env: Environment = Environment.PRODUCTION
+    tenants: str | None = None
+    trusted_origin: list[str] = []
+    # access: key cache (spec 5.6)
+    key_cache_ttl: Annotated[float, msgspec.Meta(ge=0)] = 120.0
+    key_negative_ttl: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+    # ingest
+    idempotency_window_hours: Annotated[float, msgspec.Meta(ge=24)] = 7 * 24.0
+    # storage
+    map_size_mb: Annotated[int, msgspec.Meta(ge=1)] = 64
+    max_map_size_mb: Annotated[int, msgspec.Meta(ge=1)] = 1024 * 1024
+    writer_max_queue: Annotated[int, msgspec.Meta(ge=1)] = 2048
+    writer_max_group: Annotated[int, msgspec.Meta(ge=1)] = 256
+    # HTTP server
+    graceful_timeout: Annotated[float, msgspec.Meta(ge=0, le=9)] = 8.0
+    read_timeout: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    keep_alive_timeout: Annotated[float, msgspec.Meta(gt=0)] = 75.0
+    keep_alive_max_requests: Annotated[int, msgspec.Meta(ge=1)] = 100_000
+    backlog: Annotated[int, msgspec.Meta(ge=1)] = 1024
+    access_log: bool = True
+    # development conveniences
+    demo_tenant: bool = False  # import the built-in demo tenant at start-up
+
+    @property
+    def production(self) -> bool:
+        return self.env is Environment.PRODUCTION
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.bind.rpartition(":")
+        return host.strip("[]") or "127.0.0.1", int(port)
+
+
+FIELDS = frozenset(Settings.__struct_fields__)
+
+
+class SettingsError(ValueError):
+    """The settings cannot be used; the message names the field."""
+
+
+def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name in FIELDS:
+        raw = environ.get(f"COLLECTOR_{name.upper()}")
+        if raw is None:
+            continue
+        values[name] = raw.split(",") if name == "trusted_origin" else raw
+    return values
+
+
+def load_settings(
+    flags: Mapping[str, Any],
+    *,
+    config_file: str | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> Settings:
+    """Merge the three sources; raises SettingsError naming a bad or unknown field."""
+    merged: dict[str, Any] = _from_environment(environ)
+    if config_file:
+        try:
+            with open(config_file, "rb") as handle:
+                merged.update(tomllib.load(handle))
+        except OSError as exc:
+            raise SettingsError(f"cannot read config file {config_file}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingsError(f"config file {config_file} is not valid TOML: {exc}") from None
+    merged.update({k: v for k, v in flags.items() if v is not None and v != []})
+    try:
+        # strict=False lets environment strings become numbers and booleans
+        return msgspec.convert(merged, Settings, strict=False)
+    except msgspec.ValidationError as exc:
+        raise SettingsError(f"invalid setting: {exc}") from None

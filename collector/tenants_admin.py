@@ -1,0 +1,73 @@
+"""Operator actions on keys: import a tenants file, list, rotate, revoke (spec 5.6)."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import UTC, datetime
+
+import msgspec
+
+from collector.access.tenants import (
+    KeyRecord,
+    KeyType,
+    decode_record,
+    encode_record,
+    parse_tenants_file,
+)
+from storage import keys as key_store
+from storage.env import Storage
+
+_PREFIX = {KeyType.MOBILE: "cs_mob_live_", KeyType.SERVER: "cs_srv_live_"}
+
+
+class KeyAdminError(ValueError):
+    """The operator asked for something the key rules forbid; nothing changed."""
+
+
+def import_tenants(storage: Storage, data: bytes) -> list[KeyRecord]:
+    """Validate the whole file first, then upsert every key in one transaction."""
+    records = parse_tenants_file(data)
+    key_store.put_keys(storage, [(r.key, encode_record(r)) for r in records])
+    return records
+
+
+def list_records(storage: Storage) -> list[KeyRecord]:
+    return [decode_record(raw) for _, raw in key_store.iter_keys(storage)]
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _load(storage: Storage, key: str) -> KeyRecord:
+    raw = key_store.get_key(storage, key)
+    if raw is None:
+        raise KeyAdminError(f"unknown key {key[:12]}...")
+    return decode_record(raw)
+
+
+def rotate_key(storage: Storage, key: str) -> str:
+    """Mint the replacement of a mobile or server key, register it, revoke the old one."""
+    record = _load(storage, key)
+    if record.revokedAt:
+        raise KeyAdminError("the key is already revoked")
+    prefix = _PREFIX.get(record.key_type)
+    if prefix is None:
+        raise KeyAdminError(
+            "the account-wide website key is rotated with support: import the new key,"
+            " let cached pages drain, then revoke the old one with `collector keys revoke`"
+        )
+    new_key = prefix + secrets.token_hex(16)
+    now = _now_iso()
+    replacement = msgspec.structs.replace(record, key=new_key, createdAt=now)
+    revoked = msgspec.structs.replace(record, revokedAt=now, replacedBy=new_key)
+    key_store.put_keys(storage, [(new_key, encode_record(replacement)), (key, encode_record(revoked))])
+    return new_key
+
+
+def revoke_key(storage: Storage, key: str) -> None:
+    record = _load(storage, key)
+    if record.revokedAt:
+        return
+    revoked = msgspec.structs.replace(record, revokedAt=_now_iso())
+    key_store.put_keys(storage, [(key, encode_record(revoked))])

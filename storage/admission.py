@@ -1,0 +1,173 @@
+"""Admission of one request's events: idempotency, usage counters, outbox, all or nothing.
+
+Runs inside the writer's group transaction. It reads first (idempotency
+records, counters), decides, and only then writes, so a refusal (conflict or
+billing stop) leaves the transaction exactly as it found it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+
+from storage import counters, idempotency, outbox
+from storage.writer import JobRefused, WriteContext
+
+
+class Candidate(msgspec.Struct, frozen=True):
+    eid: str
+    content_hash: bytes
+    stored: bytes
+    unit: str | None  # the counter kind it draws on, None for none
+
+
+class Conflict(msgspec.Struct, frozen=True):
+    """An event id was reused with different content (409 idempotency_conflict)."""
+
+    eid: str
+    index: int
+
+
+class AdmissionResult(msgspec.Struct, frozen=True):
+    receipt_ids: list[str]  # per candidate, the original receipt for duplicates
+    duplicate: list[bool]
+    usage: Any  # whatever the budget callable returned
+
+
+# budget(used_by_unit, added_by_unit) -> usage snapshot; raises JobRefused to refuse.
+Budget = Callable[[dict[str, int], dict[str, int]], Any]
+
+
+class Admission:
+    """A WriteJob admitting one request's accepted candidates."""
+
+    __slots__ = (
+        "client_id",
+        "site_id",
+        "key_type",
+        "account",
+        "period",
+        "candidates",
+        "window_ms",
+        "budget",
+        "units",
+    )
+
+    def __init__(
+        self,
+        *,
+        client_id: str,
+        site_id: str,
+        key_type: str,
+        account: str,
+        period: str,
+        candidates: Sequence[Candidate],
+        window_ms: int,
+        budget: Budget,
+        units: Sequence[str],
+    ) -> None:
+        self.client_id = client_id
+        self.site_id = site_id
+        self.key_type = key_type
+        self.account = account
+        self.period = period
+        self.candidates = candidates
+        self.window_ms = window_ms
+        self.budget = budget
+        self.units = units  # every unit kind the budget looks at
+
+    def run(self, ctx: WriteContext) -> AdmissionResult:
+        txn, dbs, now_ms = ctx.txn, ctx.dbs, ctx.now_ms
+        count = len(self.candidates)
+        receipts: list[str | None] = [None] * count
+        duplicate = [False] * count
+        first_in_batch: dict[bytes, int] = {}
+        new: list[int] = []
+        for index, cand in enumerate(self.candidates):
+            key = idempotency.ledger_key(self.client_id, cand.eid)
+            earlier = first_in_batch.get(key)
+            if earlier is not None:
+                if self.candidates[earlier].content_hash != cand.content_hash:
+                    raise JobRefused(Conflict(cand.eid, index))
+                duplicate[index] = True
+                continue
+            first_in_batch[key] = index
+            raw = txn.get(key, db=dbs.idempotency)
+            if raw is not None:
+                record = idempotency.decode(raw)
+                if idempotency.live(record, now_ms, self.window_ms):
+                    if record.content_hash != cand.content_hash:
+                        raise JobRefused(Conflict(cand.eid, index))
+                    receipts[index] = record.receipt_id
+                    duplicate[index] = True
+                    continue
+            new.append(index)
+
+        added = dict.fromkeys(self.units, 0)
+        for index in new:
+            unit = self.candidates[index].unit
+            if unit is not None:
+                added[unit] += 1
+        counter_keys = {
+            unit: counters.counter_key(self.account, self.period, unit) for unit in self.units
+        }
+        used = {
+            unit: counters.decode_value(txn.get(ck, db=dbs.counters))
+            for unit, ck in counter_keys.items()
+        }
+        usage = self.budget(used, added)  # raises JobRefused on a billing stop
+
+        # Decided: from here on, only writes.
+        if new:
+            first_seq = ctx.allocate_seqs(len(new))
+            node_id = ctx.storage.node_id
+            outbox_rows = []
+            ledger_rows = []
+            for offset, index in enumerate(new):
+                cand = self.candidates[index]
+                seq = first_seq + offset
+                receipt = outbox.receipt_id(node_id, seq)
+                receipts[index] = receipt
+                outbox_rows.append(
+                    (
+                        outbox.seq_key(seq),
+                        outbox.encode(
+                            outbox.OutboxRecord(
+                                receipt,
+                                self.client_id,
+                                self.site_id,
+                                cand.eid,
+                                now_ms,
+                                self.key_type,
+                                cand.stored,
+                            )
+                        ),
+                    )
+                )
+                ledger_rows.append(
+                    (
+                        idempotency.ledger_key(self.client_id, cand.eid),
+                        idempotency.encode(
+                            idempotency.IdempotencyRecord(cand.content_hash, receipt, now_ms)
+                        ),
+                    )
+                )
+            # Few C-level calls instead of one put per row: py-lmdb releases the
+            # GIL on each call, which is slow while the event loop is busy.
+            txn.cursor(db=dbs.outbox).putmulti(outbox_rows, append=True)
+            txn.cursor(db=dbs.idempotency).putmulti(ledger_rows)
+            for unit, amount in added.items():
+                if amount:
+                    txn.put(
+                        counter_keys[unit],
+                        counters.encode_value(used[unit] + amount),
+                        db=dbs.counters,
+                    )
+        # In-batch duplicates take the receipt of the first occurrence.
+        for index, cand in enumerate(self.candidates):
+            if receipts[index] is None:
+                first = first_in_batch[idempotency.ledger_key(self.client_id, cand.eid)]
+                receipts[index] = receipts[first]
+        return AdmissionResult([r or "" for r in receipts], duplicate, usage)

@@ -1,0 +1,152 @@
+"""The one LMDB environment of a data directory and its named databases.
+
+Every durable thing the service keeps lives here: key records, idempotency
+records, usage counters, the outbox and the consumer cursors. Commits are
+durable (sync and metasync on, no writemap: a full disk then fails a commit
+with an error instead of a SIGBUS). The map starts small and sparse and
+doubles when a write transaction fills it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import lmdb
+
+from storage.errors import FormatError, mapped_lmdb_errors
+
+FORMAT_VERSION = 1
+DB_NAMES = ("meta", "keys", "idempotency", "counters", "outbox", "cursors")
+DEFAULT_MAP_SIZE = 64 * 1024 * 1024
+DEFAULT_MAX_MAP_SIZE = 1 << 40  # a terabyte of address space: the disk ends first
+
+# One migration per step: MIGRATIONS[n] turns format n into n + 1 inside one write txn.
+MIGRATIONS: dict[int, object] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class Databases:
+    meta: object
+    keys: object
+    idempotency: object
+    counters: object
+    outbox: object
+    cursors: object
+
+
+class Storage:
+    """An open data directory. Thread-safe for reads; writes belong to the writer."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        map_size: int = DEFAULT_MAP_SIZE,
+        max_map_size: int = DEFAULT_MAX_MAP_SIZE,
+        readonly: bool = False,
+    ) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.max_map_size = max_map_size
+        self._resize_lock = threading.Lock()
+        with mapped_lmdb_errors():
+            self.env = lmdb.open(
+                str(self.path),
+                map_size=map_size,
+                max_dbs=len(DB_NAMES) + 4,
+                max_readers=512,
+                sync=True,
+                metasync=True,
+                writemap=False,
+                readahead=False,
+                readonly=readonly,
+            )
+            # Another process may have grown the map already; adopt its size.
+            self.env.set_mapsize(0)
+            if readonly:
+                dbs = {name: self.env.open_db(name.encode(), create=False) for name in DB_NAMES}
+            else:
+                with self.env.begin(write=True) as txn:
+                    dbs = {name: self.env.open_db(name.encode(), txn=txn) for name in DB_NAMES}
+        self.dbs = Databases(**dbs)
+        if not readonly:
+            self._check_format()
+        self.node_id = self._meta_get(b"node_id").decode()
+
+    # -- format marker and migrations -------------------------------------
+
+    def _check_format(self) -> None:
+        with mapped_lmdb_errors(), self.env.begin(write=True) as txn:
+            raw = txn.get(b"format", db=self.dbs.meta)
+            if raw is None:
+                txn.put(b"format", str(FORMAT_VERSION).encode(), db=self.dbs.meta)
+                txn.put(b"node_id", secrets.token_hex(4).encode(), db=self.dbs.meta)
+                return
+            version = int(raw)
+            if version > FORMAT_VERSION:
+                raise FormatError(
+                    f"data directory {self.path} has storage format {version}; this collector"
+                    f" reads formats up to {FORMAT_VERSION}: upgrade the collector"
+                )
+            while version < FORMAT_VERSION:
+                migrate = MIGRATIONS.get(version)
+                if migrate is None:
+                    raise FormatError(f"no migration from storage format {version}")
+                migrate(txn, self.dbs)  # type: ignore[operator]
+                version += 1
+                txn.put(b"format", str(version).encode(), db=self.dbs.meta)
+
+    def format_version(self) -> int:
+        return int(self._meta_get(b"format") or b"0")
+
+    def _meta_get(self, key: bytes) -> bytes:
+        with mapped_lmdb_errors(), self.env.begin() as txn:
+            value = txn.get(key, db=self.dbs.meta)
+        return bytes(value) if value is not None else b""
+
+    # -- reads ------------------------------------------------------------
+
+    def read(self) -> lmdb.Transaction:
+        """A read transaction; use as a context manager and keep it short."""
+        try:
+            return self.env.begin(buffers=False)
+        except lmdb.MapResizedError:
+            self.env.set_mapsize(0)
+            return self.env.begin(buffers=False)
+
+    # -- map growth ---------------------------------------------------------
+
+    def grow(self) -> bool:
+        """Double the map; False when it cannot grow any more.
+
+        Must be called with no transaction of this process open (the writer
+        calls it between transactions, on the thread that runs reads).
+        """
+        with self._resize_lock:
+            current = self.env.info()["map_size"]
+            if current >= self.max_map_size:
+                return False
+            with mapped_lmdb_errors():
+                self.env.set_mapsize(min(current * 2, self.max_map_size))
+            return True
+
+    def usage(self) -> tuple[int, int]:
+        """(map size, bytes used) for the metrics gauges."""
+        info = self.env.info()
+        used = (info["last_pgno"] + 1) * self.env.stat()["psize"]
+        return info["map_size"], used
+
+    def writable(self, min_free_bytes: int = 1024 * 1024) -> bool:
+        """True while the data directory can take writes: open, writable, space left."""
+        try:
+            stat = os.statvfs(self.path)
+        except OSError:
+            return False
+        return os.access(self.path, os.W_OK) and stat.f_bavail * stat.f_frsize >= min_free_bytes
+
+    def close(self) -> None:
+        self.env.close()

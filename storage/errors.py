@@ -1,0 +1,39 @@
+"""The storage errors the pipeline knows; LMDB's own exceptions never leave `storage/`."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import lmdb
+
+
+class StorageError(Exception):
+    """Storage cannot serve: the caller answers 503 storage_unavailable."""
+
+
+class StorageFull(StorageError):
+    """A commit failed for lack of space (map cannot grow or disk full)."""
+
+
+class WriterBusy(StorageError):
+    """The writer's queue is full: back-pressure, answered at once with 503."""
+
+
+class FormatError(StorageError):
+    """The data directory holds a storage format this version cannot use."""
+
+
+@contextlib.contextmanager
+def mapped_lmdb_errors() -> Iterator[None]:
+    """Map LMDB's exceptions to StorageError at the storage boundary (one table)."""
+    try:
+        yield
+    except (lmdb.MapFullError, lmdb.DiskError) as exc:
+        raise StorageFull(str(exc)) from exc
+    except lmdb.Error as exc:
+        if "No space left" in str(exc) or "ENOSPC" in str(exc):
+            raise StorageFull(str(exc)) from exc
+        raise StorageError(str(exc)) from exc
+    except OSError as exc:
+        raise StorageError(str(exc)) from exc

@@ -1,0 +1,40 @@
+"""Idempotency records: (clientId, event id) -> content hash, receipt id, time stored.
+
+A record older than the window is treated as absent, so a replay after the
+window is admitted again; retention removes such records in the background.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class IdempotencyRecord(msgspec.Struct, array_like=True, frozen=True):
+    content_hash: bytes
+    receipt_id: str
+    stored_ms: int
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(IdempotencyRecord)
+
+
+def ledger_key(client_id: str, eid: str) -> bytes:
+    return f"{client_id}\x00{eid}".encode()
+
+
+def public_ledger_key(client_id: str, eid: str) -> str:
+    """The form reported in `ledgerKeys` of the 202 body."""
+    return f"{client_id}/{eid}"
+
+
+def encode(record: IdempotencyRecord) -> bytes:
+    return _encoder.encode(record)
+
+
+def decode(raw: bytes) -> IdempotencyRecord:
+    return _decoder.decode(raw)
+
+
+def live(record: IdempotencyRecord, now_ms: int, window_ms: int) -> bool:
+    return now_ms - record.stored_ms < window_ms

@@ -1,0 +1,40 @@
+"""Key records: API key -> the tenant configuration (stored as the tenants-file JSON)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import lmdb
+
+from storage.env import Storage
+from storage.errors import mapped_lmdb_errors
+
+
+def get_key(storage: Storage, key: str) -> bytes | None:
+    with mapped_lmdb_errors(), storage.read() as txn:
+        value = txn.get(key.encode(), db=storage.dbs.keys)
+    return bytes(value) if value is not None else None
+
+
+def iter_keys(storage: Storage) -> Iterator[tuple[str, bytes]]:
+    with mapped_lmdb_errors(), storage.read() as txn:
+        rows = [(bytes(k).decode(), bytes(v)) for k, v in txn.cursor(db=storage.dbs.keys)]
+    yield from rows
+
+
+def put_keys(storage: Storage, records: Iterable[tuple[str, bytes]]) -> None:
+    """Upsert many key records in one durable transaction: all or nothing."""
+    with mapped_lmdb_errors():
+        _write_with_growth(storage, list(records))
+
+
+def _write_with_growth(storage: Storage, rows: list[tuple[str, bytes]]) -> None:
+    while True:
+        try:
+            with storage.env.begin(write=True) as txn:
+                for key, value in rows:
+                    txn.put(key.encode(), value, db=storage.dbs.keys)
+            return
+        except lmdb.MapFullError:
+            if not storage.grow():
+                raise

@@ -1,0 +1,81 @@
+"""The outbox: every committed event in commit order, keyed by an 8-byte sequence.
+
+The outbox is the source of truth that projections, hubs and sinks tail from
+their own cursor. Sequence numbers come from the meta database inside the
+admitting transaction, so several processes can append safely.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import msgspec
+
+from storage.env import Storage
+from storage.errors import mapped_lmdb_errors
+
+NEXT_SEQ = b"outbox_next_seq"
+
+
+class OutboxRecord(msgspec.Struct, array_like=True, frozen=True):
+    receipt_id: str
+    client_id: str
+    site_id: str
+    eid: str
+    committed_ms: int
+    key_type: str
+    event: bytes  # the enriched event JSON as stored
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(OutboxRecord)
+
+
+def seq_key(seq: int) -> bytes:
+    return seq.to_bytes(8, "big")
+
+
+def encode(record: OutboxRecord) -> bytes:
+    return _encoder.encode(record)
+
+
+def decode(raw: bytes) -> OutboxRecord:
+    return _decoder.decode(raw)
+
+
+def receipt_id(node_id: str, seq: int) -> str:
+    return f"rcpt_{node_id}{seq:012x}"
+
+
+def iter_outbox(storage: Storage, after: int = 0, limit: int | None = None) -> Iterator[tuple[int, OutboxRecord]]:
+    """Records with sequence > after, in commit order, read in one snapshot per chunk."""
+    chunk = 1024
+    remaining = limit
+    while remaining is None or remaining > 0:
+        take = chunk if remaining is None else min(chunk, remaining)
+        with mapped_lmdb_errors(), storage.read() as txn:
+            cursor = txn.cursor(db=storage.dbs.outbox)
+            rows: list[tuple[int, OutboxRecord]] = []
+            if cursor.set_range(seq_key(after + 1)):
+                for key, value in cursor:
+                    rows.append((int.from_bytes(key, "big"), decode(value)))
+                    if len(rows) >= take:
+                        break
+        yield from rows
+        if len(rows) < take:
+            return
+        after = rows[-1][0]
+        if remaining is not None:
+            remaining -= len(rows)
+
+
+def last_seq(storage: Storage) -> int:
+    with mapped_lmdb_errors(), storage.read() as txn:
+        raw = txn.get(NEXT_SEQ, db=storage.dbs.meta)
+    return int.from_bytes(raw, "big") - 1 if raw else 0
+
+
+def get_cursor(storage: Storage, consumer: str) -> int:
+    with mapped_lmdb_errors(), storage.read() as txn:
+        raw = txn.get(consumer.encode(), db=storage.dbs.cursors)
+    return int.from_bytes(raw, "big") if raw else 0

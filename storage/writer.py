@@ -1,0 +1,308 @@
+"""The one writer: group commit of many requests' work in one durable transaction.
+
+Requests never open write transactions. They hand a `WriteJob` to the writer
+and wait. The writer thread takes every waiting job (up to `max_group`),
+runs them in order inside one LMDB write transaction, commits with one fsync,
+and only then wakes each request with its own result. A job decides before it
+writes (reads first, then puts), so a job that refuses (raises `JobRefused`)
+has written nothing and its neighbours in the group are unaffected.
+
+Why a dedicated thread: an LMDB write transaction belongs to the thread that
+began it, and the fsync must not stall the event loop. The event loop learns
+of a commit through `TrioToken.run_sync_soon`, the cheapest way back into trio.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import lmdb
+import msgspec
+import trio
+
+from storage.env import Storage
+from storage.errors import StorageError, StorageFull, WriterBusy
+from storage.outbox import NEXT_SEQ
+
+log = logging.getLogger("collector.writer")
+
+
+class JobRefused(Exception):
+    """Raised by a job, before any write, to refuse its own work; carries the reason."""
+
+    def __init__(self, reason: object) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class WriteContext:
+    """What a job may use inside the group's transaction."""
+
+    __slots__ = ("txn", "storage", "dbs", "next_seq", "now_ms")
+
+    def __init__(self, txn: lmdb.Transaction, storage: Storage, next_seq: int, now_ms: int) -> None:
+        self.txn = txn
+        self.storage = storage
+        self.dbs = storage.dbs
+        self.next_seq = next_seq
+        self.now_ms = now_ms
+
+    def allocate_seqs(self, count: int) -> int:
+        """Reserve `count` outbox sequence numbers; returns the first."""
+        first = self.next_seq
+        self.next_seq += count
+        return first
+
+
+class WriteJob(Protocol):
+    def run(self, ctx: WriteContext) -> Any:
+        """Read, decide, then write. Raise JobRefused before writing to refuse."""
+
+
+class WriterStatistics(msgspec.Struct, frozen=True):
+    queued: int
+    max_queue: int
+    transactions: int
+    jobs_committed: int
+    jobs_refused: int
+    jobs_failed: int
+    busy_refusals: int
+    last_group_size: int
+    map_growths: int
+
+
+class _Ticket:
+    __slots__ = ("job", "done", "result", "error")
+
+    def __init__(self, job: WriteJob) -> None:
+        self.job = job
+        self.done = trio.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+def _read_next_seq(txn: lmdb.Transaction, storage: Storage) -> int:
+    raw = txn.get(NEXT_SEQ, db=storage.dbs.meta)
+    return int.from_bytes(raw, "big") if raw else 1
+
+
+class GroupCommitWriter:
+    """Owns the writer thread. Start with `await nursery.start(writer.run)`."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        max_queue: int = 2048,
+        max_group: int = 256,
+        clock_ms: Callable[[], int] | None = None,
+        on_commit: Callable[[int, float], None] | None = None,
+    ) -> None:
+        self.storage = storage
+        self.max_queue = max_queue
+        self.max_group = max_group
+        self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self._on_commit = on_commit
+        self._queue: collections.deque[_Ticket] = collections.deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._commit_listeners: list[Callable[[], None]] = []
+        self.healthy = True  # False from a failed commit until the next good one
+        self._stats = dict.fromkeys(
+            (
+                "transactions",
+                "jobs_committed",
+                "jobs_refused",
+                "jobs_failed",
+                "busy_refusals",
+                "last_group_size",
+                "map_growths",
+            ),
+            0,
+        )
+
+    # -- trio side ----------------------------------------------------------
+
+    def add_commit_listener(self, callback: Callable[[], None]) -> None:
+        """Called on the trio thread after every commit (outbox consumers wake on it)."""
+        self._commit_listeners.append(callback)
+
+    async def submit(self, job: WriteJob) -> Any:
+        """Run `job` in the next group commit and return its result once durable.
+
+        Raises WriterBusy at once when the queue is full, the job's JobRefused
+        when it refused, StorageError when the commit could not be made.
+        """
+        if len(self._queue) >= self.max_queue or self._stopping:
+            self._stats["busy_refusals"] += 1
+            raise WriterBusy("the writer queue is full")
+        ticket = _Ticket(job)
+        with self._cond:
+            self._queue.append(ticket)
+            self._cond.notify()
+        # If this task is cancelled while waiting, the job still commits; a
+        # client retry with the same ids is then answered as a duplicate.
+        await ticket.done.wait()
+        if ticket.error is not None:
+            raise ticket.error
+        return ticket.result
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the writer thread until cancelled; drains the queue before returning."""
+        self._token = trio.lowlevel.current_trio_token()
+        thread = threading.Thread(target=self._thread_main, name="collector-writer", daemon=True)
+        thread.start()
+        task_status.started()
+        try:
+            await trio.sleep_forever()
+        finally:
+            with self._cond:
+                self._stopping = True
+                self._cond.notify()
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(thread.join)
+
+    def statistics(self) -> WriterStatistics:
+        return WriterStatistics(queued=len(self._queue), max_queue=self.max_queue, **self._stats)
+
+    # -- writer thread --------------------------------------------------------
+
+    def _thread_main(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    self._cond.wait()
+                if not self._queue and self._stopping:
+                    return
+                group = [
+                    self._queue.popleft() for _ in range(min(len(self._queue), self.max_group))
+                ]
+            self._commit_group(group)
+
+    def _commit_group(self, group: list[_Ticket]) -> None:
+        pending = list(group)
+        while pending:
+            started = time.perf_counter()
+            try:
+                outcome = self._try_transaction(pending)
+            except lmdb.MapFullError:
+                if self._grow():
+                    continue
+                self._fail(pending, StorageFull("the data directory is full"))
+                return
+            except lmdb.Error as exc:
+                message = str(exc)
+                full = "No space" in message or "MDB_MAP_FULL" in message
+                error: StorageError = StorageFull(message) if full else StorageError(message)
+                log.error("commit failed: %s", message)
+                self._fail(pending, error)
+                return
+            if isinstance(outcome, _Ticket):
+                # One job crashed mid-write: the whole transaction was aborted.
+                # Fail that job alone and redo the rest of the group without it.
+                pending.remove(outcome)
+                self._deliver([outcome])
+                continue
+            self.healthy = True
+            self._stats["transactions"] += 1
+            self._stats["last_group_size"] = len(pending)
+            if self._on_commit is not None:
+                self._on_commit(len(pending), time.perf_counter() - started)
+            self._deliver(pending, committed=True)
+            return
+
+    def _try_transaction(self, pending: list[_Ticket]) -> _Ticket | None:
+        now_ms = self._clock_ms()
+        txn = self.storage.env.begin(write=True)
+        try:
+            ctx = WriteContext(txn, self.storage, _read_next_seq(txn, self.storage), now_ms)
+            first_seq = ctx.next_seq
+            for ticket in pending:
+                ticket.result = ticket.error = None
+                try:
+                    ticket.result = ticket.job.run(ctx)
+                except JobRefused as refused:
+                    ticket.error = refused
+                except lmdb.MapFullError:
+                    raise
+                except Exception as exc:
+                    log.exception("write job failed")
+                    ticket.error = StorageError(f"write failed: {exc}")
+                    txn.abort()
+                    return ticket
+            if ctx.next_seq != first_seq:
+                txn.put(NEXT_SEQ, ctx.next_seq.to_bytes(8, "big"), db=self.storage.dbs.meta)
+            txn.commit()
+        except BaseException:
+            txn.abort()
+            raise
+        return None
+
+    def _grow(self) -> bool:
+        # set_mapsize needs no open transaction in this process: run it on the
+        # trio thread, whose read transactions never span a checkpoint.
+        self._stats["map_growths"] += 1
+        if self._token is None:
+            return self.storage.grow()
+        try:
+            return bool(trio.from_thread.run_sync(self.storage.grow, trio_token=self._token))
+        except trio.RunFinishedError:
+            return self.storage.grow()
+
+    def _fail(self, tickets: list[_Ticket], error: BaseException) -> None:
+        self.healthy = False
+        for ticket in tickets:
+            ticket.result = None
+            ticket.error = error
+        self._deliver(tickets)
+
+    def _deliver(self, tickets: list[_Ticket], committed: bool = False) -> None:
+        for ticket in tickets:
+            if ticket.error is None:
+                self._stats["jobs_committed"] += 1
+            elif isinstance(ticket.error, JobRefused):
+                self._stats["jobs_refused"] += 1
+            else:
+                self._stats["jobs_failed"] += 1
+
+        def wake() -> None:
+            for ticket in tickets:
+                ticket.done.set()
+            if committed:
+                for listener in self._commit_listeners:
+                    listener()
+
+        assert self._token is not None
+        try:
+            self._token.run_sync_soon(wake)
+        except trio.RunFinishedError:
+            pass
+
+
+def run_job_now(storage: Storage, job: WriteJob, *, now_ms: int | None = None) -> Any:
+    """Run one job in its own durable transaction, outside any event loop (CLI tools)."""
+    while True:
+        txn = storage.env.begin(write=True)
+        try:
+            ctx = WriteContext(
+                txn, storage, _read_next_seq(txn, storage), now_ms or int(time.time() * 1000)
+            )
+            first_seq = ctx.next_seq
+            result = job.run(ctx)
+            if ctx.next_seq != first_seq:
+                txn.put(NEXT_SEQ, ctx.next_seq.to_bytes(8, "big"), db=storage.dbs.meta)
+            txn.commit()
+            return result
+        except lmdb.MapFullError:
+            txn.abort()
+            if not storage.grow():
+                raise StorageFull("the data directory is full") from None
+        except BaseException:
+            txn.abort()
+            raise

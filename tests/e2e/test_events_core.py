@@ -1,0 +1,267 @@
+"""POST /v1/events end to end: counts, storage, idempotency, errors (spec 4.1, 2.5, 7.2)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import trio
+
+from tests.conftest import BROWSER_KEY, RunningServer, click, pageview
+from tests.helpers import outbox_dump
+
+H = {"X-API-Key": BROWSER_KEY, "Origin": "https://acme.com", "Content-Type": "application/json"}
+
+
+async def post(server: RunningServer, body: object, headers: dict[str, str] | None = None, raw: bytes | None = None):
+    content = raw if raw is not None else json.dumps(body).encode()
+    return await server.client.post("/v1/events", content=content, headers=headers or H)
+
+
+async def test_batch_is_accepted_stored_and_counted(server: RunningServer) -> None:
+    events = [pageview("e1"), click("e2"), pageview("e3")]
+    response = await post(server, {"events": events})
+    assert response.status_code == 202, response.text
+    body = response.json()
+    assert body["success"] is True
+    assert (body["accepted"], body["duplicates"], body["received"]) == (3, 0, 3)
+    assert (body["dropped"], body["rejected"], body["errors"]) == (0, 0, [])
+    assert body["delivery"] == "durable_outbox"
+    assert len(body["receiptIds"]) == 3 and len(set(body["receiptIds"])) == 3
+    assert body["ledgerKeys"] == ["acme/e1", "acme/e2", "acme/e3"]
+    assert body["billing"]["monthlyPageviews"]["used"] == 2
+    stored = await outbox_dump(server.data_dir)
+    assert [row["eid"] for row in stored] == ["e1", "e2", "e3"]
+    assert {row["clientId"] for row in stored} == {"acme"}
+    assert {row["siteId"] for row in stored} == {"web"}
+    assert [row["receiptId"] for row in stored] == body["receiptIds"]
+    assert stored[1]["event"]["element"]["selector"] == "button.buy"
+
+
+async def test_single_event_body(server: RunningServer) -> None:
+    response = await post(server, pageview("solo"))
+    assert response.status_code == 202, response.text
+    assert response.json()["accepted"] == 1
+
+
+async def test_exact_replay_is_a_duplicate_and_stored_once(server: RunningServer) -> None:
+    first = await post(server, {"events": [pageview("r1"), click("r2")]})
+    again = await post(server, {"events": [pageview("r1"), click("r2")]})
+    assert again.status_code == 202
+    body = again.json()
+    assert (body["accepted"], body["duplicates"]) == (0, 2)
+    assert body["receiptIds"] == first.json()["receiptIds"]
+    assert body["billing"]["monthlyPageviews"]["used"] == 1
+    assert len(await outbox_dump(server.data_dir)) == 2
+
+
+async def test_reused_id_with_other_content_is_a_conflict(server: RunningServer) -> None:
+    await post(server, pageview("c1"))
+    response = await post(server, {"events": [pageview("c2"), pageview("c1", visitorId="other")]})
+    assert response.status_code == 409
+    assert response.json()["error"] == "idempotency_conflict"
+    assert "c1" in response.json()["message"]
+    stored = await outbox_dump(server.data_dir)
+    assert [row["eid"] for row in stored] == ["c1"]  # c2 was not half-stored
+
+
+async def test_conflict_inside_one_batch(server: RunningServer) -> None:
+    response = await post(server, {"events": [pageview("d1"), pageview("d1", visitorId="x")]})
+    assert response.status_code == 409
+    assert await outbox_dump(server.data_dir) == []
+
+
+async def test_same_id_twice_in_one_batch_is_one_event(server: RunningServer) -> None:
+    response = await post(server, {"events": [pageview("t1"), pageview("t1")]})
+    body = response.json()
+    assert (body["accepted"], body["duplicates"]) == (1, 1)
+    assert body["receiptIds"][0] == body["receiptIds"][1]
+
+
+async def test_idempotency_required_in_production(server: RunningServer) -> None:
+    event = pageview("x")
+    del event["_eid"]
+    response = await post(server, {"events": [pageview("ok"), event]})
+    assert response.status_code == 400
+    assert response.json()["error"] == "idempotency_required"
+    assert await outbox_dump(server.data_dir) == []
+
+
+async def test_idempotency_key_header_names_the_events(server: RunningServer) -> None:
+    a, b = pageview("x"), click("y")
+    del a["_eid"], b["_eid"]
+    headers = {**H, "Idempotency-Key": "batch-42"}
+    first = await post(server, {"events": [a, b]}, headers)
+    assert first.status_code == 202, first.text
+    assert first.json()["ledgerKeys"] == ["acme/batch-42/0", "acme/batch-42/1"]
+    again = await post(server, {"events": [a, b]}, headers)
+    assert again.json()["duplicates"] == 2
+
+
+async def test_idempotency_key_over_512_chars(server: RunningServer) -> None:
+    response = await post(server, pageview("k"), {**H, "Idempotency-Key": "k" * 513})
+    assert response.status_code == 400
+    assert response.json()["error"] == "invalid_idempotency_key"
+
+
+async def test_development_mints_ids(dev_server: RunningServer) -> None:
+    event = pageview("x")
+    del event["_eid"]
+    response = await dev_server.client.post("/v1/events", json=event, headers=H)
+    assert response.status_code == 202, response.text
+    assert response.json()["accepted"] == 1
+
+
+async def test_invalid_json_and_invalid_utf8(server: RunningServer) -> None:
+    for raw in (b"{not json", b'{"type": "pageview", "visitorId": "\xff\xfe"}', b""):
+        response = await post(server, None, raw=raw)
+        assert response.status_code == 400, raw
+        assert response.json()["error"] == "invalid_json"
+
+
+async def test_deeply_nested_body_is_refused_cleanly(server: RunningServer) -> None:
+    raw = b'{"events": [' + b"[" * 10_000 + b"]" * 10_000 + b"]}"
+    response = await post(server, None, raw=raw)
+    assert response.status_code == 400
+    assert response.json()["error"] in {"invalid_json", "validation_error"}
+
+
+async def test_single_invalid_event_has_details(server: RunningServer) -> None:
+    response = await post(server, pageview("v", page={"url": "ftp://acme.com/x", "path": "/", "title": "t"}))
+    assert response.status_code == 400
+    body = response.json()
+    assert body["error"] == "validation_error"
+    assert any("page.url" in d["path"] for d in body["details"])
+
+
+async def test_all_failed_batch_has_per_index_errors(server: RunningServer) -> None:
+    bad = pageview("b1", visitorId="v" * 129)
+    worse = pageview("b2", device={"userAgent": "x" * 513, "viewport": {"width": 1, "height": 1}})
+    response = await post(server, {"events": [bad, worse]})
+    assert response.status_code == 400
+    errors = response.json()["errors"]
+    assert [e["index"] for e in errors] == [0, 1]
+    assert await outbox_dump(server.data_dir) == []
+
+
+async def test_partly_failed_batch_is_202_with_errors(server: RunningServer) -> None:
+    response = await post(server, {"events": [pageview("p1"), pageview("p2", timestamp="soon")]})
+    assert response.status_code == 202
+    body = response.json()
+    assert (body["accepted"], body["rejected"], body["received"]) == (1, 1, 2)
+    assert body["errors"][0]["index"] == 1
+    assert [row["eid"] for row in await outbox_dump(server.data_dir)] == ["p1"]
+
+
+async def test_batch_size_limits(server: RunningServer) -> None:
+    for events in ([], [pageview(f"n{i}") for i in range(26)]):
+        response = await post(server, {"events": events})
+        assert response.status_code == 400
+        assert response.json()["error"] == "validation_error"
+    response = await post(server, {"events": [pageview(f"m{i}") for i in range(25)]})
+    assert response.status_code == 202
+    assert response.json()["accepted"] == 25
+
+
+async def test_truncation_of_long_page_fields(server: RunningServer) -> None:
+    url = "https://acme.com/" + "a" * 3000
+    event = pageview("long", page={"url": url, "path": "/" + "p" * 3000, "title": "t" * 600})
+    response = await post(server, event)
+    assert response.status_code == 202, response.text
+    stored = (await outbox_dump(server.data_dir))[0]["event"]
+    assert len(stored["page"]["url"]) == 2048
+    assert len(stored["page"]["path"]) == 2048
+    assert len(stored["page"]["title"]) == 512
+
+
+async def test_timestamp_skew_is_overridden(server: RunningServer) -> None:
+    response = await post(server, pageview("old", timestamp=1_000_000_000_000))
+    assert response.status_code == 202
+    event = (await outbox_dump(server.data_dir))[0]["event"]
+    assert event["clientTimestamp"] == 1_000_000_000_000
+    assert abs(event["timestamp"] - response.json()["timestamp"]) < 1000
+
+
+async def test_payment_data_refuses_the_whole_request(server: RunningServer) -> None:
+    leaky = pageview("pay2", type="custom", name="checkout", label="card 4111 1111 1111 1111")
+    response = await post(server, {"events": [pageview("pay1"), leaky]})
+    assert response.status_code == 400
+    assert response.json()["error"] == "prohibited_payment_data"
+    assert await outbox_dump(server.data_dir) == []
+
+
+async def test_order_ids_and_phones_are_not_payment_data(server: RunningServer) -> None:
+    event = pageview("order", type="custom", name="order", label="order 2024-000123-77 call +1 415 555 2671")
+    response = await post(server, event)
+    assert response.status_code == 202, response.text
+
+
+async def test_gzip_body(server: RunningServer) -> None:
+    raw = gzip.compress(json.dumps({"events": [pageview("g1")]}).encode())
+    response = await post(server, None, {**H, "Content-Encoding": "gzip"}, raw=raw)
+    assert response.status_code == 202, response.text
+
+
+async def test_gzip_needs_json_content_type(server: RunningServer) -> None:
+    raw = gzip.compress(json.dumps(pageview("g2")).encode())
+    headers = {**H, "Content-Encoding": "gzip", "Content-Type": "text/plain"}
+    response = await post(server, None, headers, raw=raw)
+    assert response.status_code == 400
+    assert response.json() == {"error": "Content-Type must be application/json"}
+
+
+async def test_gzip_bomb_is_aborted(server: RunningServer) -> None:
+    bomb = gzip.compress(b"[" + b" " * (20 * 1024 * 1024) + b"]")
+    assert len(bomb) < 1024 * 1024
+    response = await post(server, None, {**H, "Content-Encoding": "gzip"}, raw=bomb)
+    assert response.status_code == 413
+    assert response.json()["error"] == "payload_too_large"
+
+
+async def test_compressed_body_over_1mb(server: RunningServer) -> None:
+    import os
+
+    raw = gzip.compress(os.urandom(1024 * 1024 + 10))
+    response = await post(server, None, {**H, "Content-Encoding": "gzip"}, raw=raw)
+    assert response.status_code == 413
+
+
+async def test_raw_body_over_10mb(server: RunningServer) -> None:
+    raw = b'{"events": "' + b"x" * (10 * 1024 * 1024) + b'"}'
+    response = await post(server, None, raw=raw)
+    assert response.status_code == 413
+    assert response.json()["error"] == "payload_too_large"
+
+
+async def test_event_over_120000_bytes_after_enrichment(server: RunningServer) -> None:
+    values = {f"field{i}": "v" * 9_000 for i in range(14)}
+    event = pageview("big", type="form", action="submit", formId="f", fieldCount=14, values=values)
+    response = await post(server, event)
+    assert response.status_code == 413, response.text
+    assert response.json()["error"] == "batch_too_large"
+
+
+async def test_request_id_is_echoed_or_minted(server: RunningServer) -> None:
+    response = await post(server, pageview("rid"), {**H, "X-Request-ID": "abc-123"})
+    assert response.headers["X-Request-ID"] == "abc-123"
+    response = await server.client.post("/v1/events", content=b"{}")
+    assert response.headers["X-Request-ID"]
+    response = await server.client.get("/nowhere")
+    assert response.status_code == 404 and response.headers["X-Request-ID"]
+
+
+async def test_concurrent_replays_store_once(server: RunningServer) -> None:
+    statuses: list[dict[str, int]] = []
+    batch = {"events": [pageview(f"cc{i}") for i in range(10)]}
+
+    async def one() -> None:
+        response = await post(server, batch)
+        assert response.status_code == 202
+        statuses.append(response.json())
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(12):
+            nursery.start_soon(one)
+    assert sum(s["accepted"] for s in statuses) == 10
+    assert sum(s["duplicates"] for s in statuses) == 110
+    assert len(await outbox_dump(server.data_dir)) == 10

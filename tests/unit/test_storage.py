@@ -1,0 +1,173 @@
+"""Storage and the group-commit writer against a real LMDB in a temp directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from storage import counters, outbox
+from storage.admission import Admission, AdmissionResult, Candidate, Conflict
+from storage.env import FORMAT_VERSION, Storage
+from storage.errors import FormatError, WriterBusy
+from storage.writer import GroupCommitWriter, JobRefused, WriteContext, run_job_now
+
+UNITS = ("pageview", "coverage")
+
+
+def admission(eids: list[str], *, content: bytes = b"h" * 16, budget=None, size: int = 100) -> Admission:
+    return Admission(
+        client_id="acme",
+        site_id="web",
+        key_type="browser",
+        account="acme",
+        period="2026-11",
+        candidates=[Candidate(eid, content, b'{"x":"' + b"y" * size + b'"}', "pageview") for eid in eids],
+        window_ms=7 * 86_400_000,
+        budget=budget or (lambda used, added: (used, added)),
+        units=UNITS,
+    )
+
+
+def test_format_marker_written_and_checked(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    assert storage.format_version() == FORMAT_VERSION
+    with storage.env.begin(write=True) as txn:
+        txn.put(b"format", str(FORMAT_VERSION + 1).encode(), db=storage.dbs.meta)
+    storage.close()
+    with pytest.raises(FormatError, match="upgrade the collector"):
+        Storage(tmp_path)
+
+
+def test_admission_stores_events_and_counts(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    result: AdmissionResult = run_job_now(storage, admission(["a", "b"]))
+    assert result.duplicate == [False, False]
+    assert [r.eid for _, r in outbox.iter_outbox(storage)] == ["a", "b"]
+    assert counters.read_counter(storage, "acme", "2026-11", "pageview") == 2
+    again: AdmissionResult = run_job_now(storage, admission(["a", "c"]))
+    assert again.duplicate == [True, False]
+    assert again.receipt_ids[0] == result.receipt_ids[0]
+    assert counters.read_counter(storage, "acme", "2026-11", "pageview") == 3
+    assert outbox.last_seq(storage) == 3
+
+
+def test_conflict_refuses_without_writing(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    run_job_now(storage, admission(["a"]))
+    with pytest.raises(JobRefused) as refused:
+        run_job_now(storage, admission(["b", "a"], content=b"z" * 16))
+    assert refused.value.reason == Conflict("a", 1)
+    assert [r.eid for _, r in outbox.iter_outbox(storage)] == ["a"]
+
+
+def test_expired_idempotency_record_is_admitted_again(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    run_job_now(storage, admission(["a"]), now_ms=1_000)
+    later = 1_000 + 7 * 86_400_000
+    result: AdmissionResult = run_job_now(storage, admission(["a"]), now_ms=later)
+    assert result.duplicate == [False]
+
+
+def test_map_grows_instead_of_failing(tmp_path: Path) -> None:
+    storage = Storage(tmp_path, map_size=1024 * 1024)
+    for batch in range(40):
+        run_job_now(storage, admission([f"e{batch}-{i}" for i in range(25)], size=2000))
+    map_size, used = storage.usage()
+    assert map_size > 1024 * 1024
+    assert outbox.last_seq(storage) == 1000
+
+
+def test_map_that_cannot_grow_fails_cleanly(tmp_path: Path) -> None:
+    from storage.errors import StorageFull
+
+    storage = Storage(tmp_path, map_size=1024 * 1024, max_map_size=1024 * 1024)
+    with pytest.raises(StorageFull):
+        for batch in range(100):
+            run_job_now(storage, admission([f"e{batch}-{i}" for i in range(25)], size=4000))
+    stored_before = outbox.last_seq(storage)
+    assert stored_before % 25 == 0  # whole batches only
+
+
+async def test_group_commit_shares_transactions(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    writer = GroupCommitWriter(storage)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        async with trio.open_nursery() as clients:
+            for n in range(200):
+                clients.start_soon(writer.submit, admission([f"g{n}"]))
+        nursery.cancel_scope.cancel()
+    stats = writer.statistics()
+    assert stats.jobs_committed == 200
+    assert stats.transactions < 200
+    assert outbox.last_seq(storage) == 200
+
+
+async def test_refused_job_does_not_affect_its_group(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    writer = GroupCommitWriter(storage)
+
+    def refuse(used, added):
+        raise JobRefused("billing stop")
+
+    outcomes: dict[str, object] = {}
+
+    async def submit(name: str, job: Admission) -> None:
+        try:
+            outcomes[name] = await writer.submit(job)
+        except JobRefused as exc:
+            outcomes[name] = exc.reason
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        async with trio.open_nursery() as clients:
+            clients.start_soon(submit, "ok1", admission(["k1"]))
+            clients.start_soon(submit, "no", admission(["k2"], budget=refuse))
+            clients.start_soon(submit, "ok2", admission(["k3"]))
+        nursery.cancel_scope.cancel()
+    assert outcomes["no"] == "billing stop"
+    assert sorted(r.eid for _, r in outbox.iter_outbox(storage)) == ["k1", "k3"]
+
+
+async def test_crashing_job_fails_alone(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    writer = GroupCommitWriter(storage)
+
+    class Crash:
+        def run(self, ctx: WriteContext) -> None:
+            ctx.txn.put(b"half", b"written", db=ctx.dbs.meta)
+            raise RuntimeError("bug")
+
+    errors: list[BaseException] = []
+
+    async def crash() -> None:
+        try:
+            await writer.submit(Crash())
+        except Exception as exc:
+            errors.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        async with trio.open_nursery() as clients:
+            clients.start_soon(writer.submit, admission(["ok"]))
+            clients.start_soon(crash)
+        nursery.cancel_scope.cancel()
+    assert len(errors) == 1
+    with storage.read() as txn:
+        assert txn.get(b"half", db=storage.dbs.meta) is None
+    assert [r.eid for _, r in outbox.iter_outbox(storage)] == ["ok"]
+
+
+async def test_full_queue_refuses_at_once(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    writer = GroupCommitWriter(storage, max_queue=1)
+    # Not started: nothing drains the queue, so the second submit must refuse.
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer.submit, admission(["q1"]))
+        await trio.testing.wait_all_tasks_blocked()
+        with pytest.raises(WriterBusy):
+            await writer.submit(admission(["q2"]))
+        nursery.cancel_scope.cancel()
