@@ -23,6 +23,7 @@ from quart_trio import QuartTrio
 
 from collector.access.keycache import KeyCache
 from collector.demo import DEMO_TENANTS
+from collector.http.asgi import Receive, Scope, Send, send_response
 from collector.http.ingest import make_ingest_handler
 from collector.http.ops import register_ops_routes
 from collector.http.router import Router
@@ -96,7 +97,16 @@ def build_asgi(services: Services) -> Router:
     router = Router(quart, services)
     router.add("/v1/events", make_ingest_handler(services, edge=False))
     router.add("/v1/edge/pageview", make_ingest_handler(services, edge=True))
+    if services.settings.bench_routes:
+        router.add("/_bench/noop", noop_handler)
     return router
+
+
+async def noop_handler(scope: Scope, receive: Receive, send: Send) -> None:
+    """The bench's baseline: drain the body, answer a fixed 202 (the stack's ceiling)."""
+    while (await receive()).get("more_body", False):
+        pass
+    await send_response(send, 202, b'{"success":true}', [])
 
 
 def hypercorn_config(settings: Settings) -> HypercornConfig:
@@ -124,7 +134,8 @@ async def serve(
         if settings.demo_tenant:
             import_tenants(storage, DEMO_TENANTS)
         if settings.tenants:
-            import_tenants(storage, Path(settings.tenants).read_bytes())
+            # start-up, before anything serves: a blocking read is fine here
+            import_tenants(storage, Path(settings.tenants).read_bytes())  # noqa: ASYNC240
         services = build_services(settings, storage, clock)
         app = build_asgi(services)
         async with trio.open_nursery() as outer:

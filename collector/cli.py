@@ -112,20 +112,57 @@ def cmd_outbox_dump(args: argparse.Namespace) -> int:
     out = sys.stdout
     try:
         for seq, record in iter_outbox(storage, after=args.after):
-            out.write(
-                '{"seq":%d,"receiptId":%s,"clientId":%s,"siteId":%s,"eid":%s,"committedAt":%d,'
-                '"keyType":%s,"event":%s}\n'
-                % (
-                    seq,
-                    _json.encode(record.receipt_id).decode(),
-                    _json.encode(record.client_id).decode(),
-                    _json.encode(record.site_id).decode(),
-                    _json.encode(record.eid).decode(),
-                    record.committed_ms,
-                    _json.encode(record.key_type).decode(),
-                    bytes(record.event).decode(),
-                )
+            head = _json.encode(
+                {
+                    "seq": seq,
+                    "receiptId": record.receipt_id,
+                    "clientId": record.client_id,
+                    "siteId": record.site_id,
+                    "eid": record.eid,
+                    "committedAt": record.committed_ms,
+                    "keyType": record.key_type,
+                }
             )
+            # The stored event is already JSON: splice it in rather than re-encode it.
+            out.write(f'{head[:-1].decode()},"event":{record.event.decode()}}}\n')
+    finally:
+        storage.close()
+    return 0
+
+
+_PERIOD = r"^\d{4}-(0[1-9]|1[0-2])$"
+
+
+def _period(value: str) -> str:
+    import re
+
+    if not re.match(_PERIOD, value):
+        raise argparse.ArgumentTypeError(f"period must be YYYY-MM, got {value!r}")
+    return value
+
+
+def cmd_usage_show(args: argparse.Namespace) -> int:
+    from collector.usage_admin import usage_rows
+
+    storage = _open_storage(args)
+    try:
+        for row in usage_rows(storage, account=args.account, period=args.period):
+            print(_json.encode(row).decode())
+    finally:
+        storage.close()
+    return 0
+
+
+def cmd_usage_invoice(args: argparse.Namespace) -> int:
+    from collector.usage_admin import invoice_lines
+
+    storage = _open_storage(args)
+    try:
+        lines = invoice_lines(storage, args.period)
+        for line in lines:
+            print(_json.encode(line).decode())
+        total = sum(line.amount_usd for line in lines)
+        print(_json.encode({"period": args.period, "total_usd": total}).decode())
     finally:
         storage.close()
     return 0
@@ -170,6 +207,17 @@ def build_parser() -> argparse.ArgumentParser:
     o_dump.add_argument("--after", type=int, default=0, help="only sequence numbers above this")
     _data_dir_option(o_dump)
     o_dump.set_defaults(func=cmd_outbox_dump)
+
+    usage = commands.add_parser("usage", help="monthly usage").add_subparsers(dest="sub", required=True)
+    u_show = usage.add_parser("show", help="JSON per account and unit kind")
+    u_show.add_argument("--account", default=None)
+    u_show.add_argument("--period", type=_period, default=None, help="YYYY-MM (default: this month, UTC)")
+    _data_dir_option(u_show)
+    u_show.set_defaults(func=cmd_usage_show)
+    u_invoice = usage.add_parser("invoice", help="price overage in whole blocks (spec 8.4)")
+    u_invoice.add_argument("--period", type=_period, required=True)
+    _data_dir_option(u_invoice)
+    u_invoice.set_defaults(func=cmd_usage_invoice)
     return parser
 
 

@@ -45,6 +45,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     access_log: bool = True
     # development conveniences
     demo_tenant: bool = False  # import the built-in demo tenant at start-up
+    bench_routes: bool = False  # POST /_bench/noop answers a fixed 202 (the bench's baseline)
 
     @property
     def production(self) -> bool:

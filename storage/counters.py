@@ -12,7 +12,7 @@ def counter_key(account: str, period: str, kind: str) -> bytes:
     return f"{account}\x00{period}\x00{kind}".encode()
 
 
-def decode_value(raw: bytes | None) -> int:
+def decode_value(raw: bytes | memoryview | None) -> int:
     return int.from_bytes(raw, "big") if raw else 0
 
 

@@ -30,12 +30,12 @@ MIGRATIONS: dict[int, object] = {}
 
 @dataclass(frozen=True, slots=True)
 class Databases:
-    meta: object
-    keys: object
-    idempotency: object
-    counters: object
-    outbox: object
-    cursors: object
+    meta: lmdb._Database
+    keys: lmdb._Database
+    idempotency: lmdb._Database
+    counters: lmdb._Database
+    outbox: lmdb._Database
+    cursors: lmdb._Database
 
 
 class Storage:

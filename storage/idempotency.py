@@ -32,7 +32,7 @@ def encode(record: IdempotencyRecord) -> bytes:
     return _encoder.encode(record)
 
 
-def decode(raw: bytes) -> IdempotencyRecord:
+def decode(raw: bytes | memoryview) -> IdempotencyRecord:
     return _decoder.decode(raw)
 
 

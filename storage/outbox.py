@@ -39,7 +39,7 @@ def encode(record: OutboxRecord) -> bytes:
     return _encoder.encode(record)
 
 
-def decode(raw: bytes) -> OutboxRecord:
+def decode(raw: bytes | memoryview) -> OutboxRecord:
     return _decoder.decode(raw)
 
 

@@ -15,6 +15,7 @@ of a commit through `TrioToken.run_sync_soon`, the cheapest way back into trio.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import threading
 import time
@@ -279,10 +280,8 @@ class GroupCommitWriter:
                     listener()
 
         assert self._token is not None
-        try:
+        with contextlib.suppress(trio.RunFinishedError):
             self._token.run_sync_soon(wake)
-        except trio.RunFinishedError:
-            pass
 
 
 def run_job_now(storage: Storage, job: WriteJob, *, now_ms: int | None = None) -> Any:

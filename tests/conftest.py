@@ -141,13 +141,18 @@ async def dev_server(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[Run
     running.cancel.cancel()
 
 
+# One timestamp for the whole run, so the same helper call builds the same event
+# (an exact replay) whenever a test calls it twice.
+STAMP = int(time.time() * 1000)
+
+
 def pageview(eid: str, **overrides: object) -> dict[str, object]:
     event: dict[str, object] = {
         "type": "pageview",
         "_eid": eid,
         "visitorId": "v1",
         "sessionId": "s1",
-        "timestamp": int(time.time() * 1000),
+        "timestamp": STAMP,
         "page": {"url": "https://acme.com/pricing", "path": "/pricing", "title": "Pricing"},
         "device": {"userAgent": "Mozilla/5.0 (X11; Linux x86_64) Firefox/133.0", "viewport": {"width": 1280, "height": 800}},
     }

@@ -61,7 +61,9 @@ def cors_headers(origin: str | None) -> list[tuple[str, str]]:
     ]
 
 
-def preflight_headers(origin: str) -> list[tuple[str, str]]:
+def preflight_headers(origin: str | None) -> list[tuple[str, str]]:
+    if not origin:
+        return []
     return [
         ("Access-Control-Allow-Origin", origin),
         ("Access-Control-Allow-Methods", ALLOWED_METHODS),

@@ -8,7 +8,8 @@ one function; nothing is stored unless the admission commits.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 
 import msgspec
 
@@ -16,7 +17,9 @@ from collector.access.gate import admit_writer
 from collector.access.signature import verify_server_signature
 from collector.access.tenants import KeyType
 from collector.errors import RawErrorBody, ServiceError, render_error
+from collector.http.access_log import log_request
 from collector.http.asgi import ClientGone, Receive, Request, Scope, Send, read_body, send_response
+from collector.http.edge_body import edge_to_event
 from collector.http.headers import (
     billing_block,
     cors_headers,
@@ -36,6 +39,7 @@ from collector.limits.usage import (
     UsageRefusal,
     UsageSnapshot,
     billing_period,
+    current_snapshot,
     decide,
     policy_for,
 )
@@ -57,28 +61,32 @@ _encoder = msgspec.json.Encoder()
 
 def make_ingest_handler(
     services: Services, *, edge: bool
-) -> Callable[[Scope, Receive, Send], object]:
+) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
     route = "/v1/edge/pageview" if edge else "/v1/events"
+    access_log = services.settings.access_log
 
     async def handle(scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
         request = Request(scope)
         origin = request.headers.get("origin")
         headers = [("X-Request-ID", request.request_id), *cors_headers(origin)]
-        status = 500
+        seen = Seen()
+        error_code: str | None = None
         try:
             if request.method == "OPTIONS":
-                status = 204
-                allowed = preflight_headers(origin) if origin else []
-                await send_response(send, 204, b"", [("X-Request-ID", request.request_id), *allowed])
+                await send_response(
+                    send, 204, b"", [("X-Request-ID", request.request_id), *preflight_headers(origin)]
+                )
+                services.metrics.count_request(route, 204)
                 return
             if request.method != "POST":
                 raise ServiceError("method_not_allowed", f"{route} accepts POST only")
-            status, body, extra = await _ingest(services, request, receive, headers, edge)
+            status, body = await _ingest(services, request, receive, headers, edge, seen)
         except ServiceError as error:
-            status, body = error.status, render_error(error)
-            extra = list(error.response_headers().items())
+            status, body, error_code = error.status, render_error(error), error.code
+            headers.extend(error.response_headers().items())
         except RawErrorBody as raw:
-            status, body, extra = raw.status, _encoder.encode(raw.body), []
+            status, body, error_code = raw.status, _encoder.encode(raw.body), "content_type"
         except ClientGone:
             services.metrics.count_request(route, 499)
             return
@@ -87,13 +95,27 @@ def make_ingest_handler(
                 "storage_unavailable",
                 f"events were not stored ({exc}); retry the complete batch with the same ids",
             )
-            status, body = unavailable.status, render_error(unavailable)
-            extra = list(unavailable.response_headers().items())
-        headers.extend(extra)
+            status, body, error_code = unavailable.status, render_error(unavailable), unavailable.code
+            headers.extend(unavailable.response_headers().items())
+        except Exception:
+            log.exception("unexpected error on %s", route)
+            internal = ServiceError("internal_error", "the request failed unexpectedly; retry it")
+            status, body, error_code = 500, render_error(internal), internal.code
         services.metrics.count_request(route, status)
         await send_response(send, status, body, headers)
+        if access_log:
+            log_request(request, route, status, error_code, seen.client_id, started)
 
     return handle
+
+
+class Seen:
+    """What the handler learned about the caller, for the access log."""
+
+    __slots__ = ("client_id",)
+
+    def __init__(self) -> None:
+        self.client_id: str | None = None
 
 
 async def _ingest(
@@ -102,7 +124,8 @@ async def _ingest(
     receive: Receive,
     headers: list[tuple[str, str]],
     edge: bool,
-) -> tuple[int, bytes, list[tuple[str, str]]]:
+    seen: Seen,
+) -> tuple[int, bytes]:
     hdr = request.headers
     caller = admit_writer(
         services.keys,
@@ -113,6 +136,7 @@ async def _ingest(
         signature_headers=(hdr.get("x-cs-timestamp"), hdr.get("x-cs-signature")),
     )
     record, site = caller.record, caller.site
+    seen.client_id = record.clientId
     key_type = record.key_type
     scope = "mobile:ingest" if key_type is KeyType.MOBILE else "ingest"
     decision = services.limiter.check(
@@ -137,6 +161,8 @@ async def _ingest(
             now_s=now_ms / 1000,
         )
     body = decompress_body(raw, hdr.get("content-encoding"), hdr.get("content-type"))
+    if edge:
+        body = edge_to_event(body, user_agent=hdr.get("user-agent"), now_ms=now_ms)
     context = IngestContext(
         client_id=record.clientId,
         site_id=site.siteId,
@@ -144,7 +170,6 @@ async def _ingest(
         production=services.settings.production,
         now_ms=now_ms,
         idempotency_key=hdr.get("idempotency-key"),
-        edge=edge,
         user_agent=hdr.get("user-agent"),
         strict_consent=site.strictConsent,
         client_ip=request.client_ip,
@@ -181,7 +206,7 @@ async def _ingest(
         "ledgerKeys": [public_ledger_key(record.clientId, ev.eid) for ev in prepared.accepted],
         "timestamp": now_ms,
     }
-    return 202, _encoder.encode(body_out), []
+    return 202, _encoder.encode(body_out)
 
 
 async def _admit(
@@ -249,10 +274,7 @@ def _current_usage(services: Services, policy: UsagePolicy, period: str) -> Usag
         raise ServiceError(
             "usage_metering_unavailable", "usage counters could not be read; nothing was accepted"
         ) from None
-    verdict = decide(policy, period, used_pageviews=pageviews, used_coverage=coverage,
-                     add_pageviews=0, add_coverage=0)
-    assert isinstance(verdict, UsageSnapshot)
-    return verdict
+    return current_snapshot(policy, period, pageviews=pageviews, coverage=coverage)
 
 
 def _event_errors(prepared: PreparedBatch) -> list[dict[str, object]]:

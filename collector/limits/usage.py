@@ -173,3 +173,16 @@ def decide(
         billing_mode=_pageview_mode(policy, pageviews),
         coverage_mode=_coverage_mode(policy, coverage),
     )
+
+
+def current_snapshot(policy: UsagePolicy, period: str, *, pageviews: int, coverage: int) -> UsageSnapshot:
+    """The meter state without admitting anything (a request with nothing new)."""
+    return UsageSnapshot(
+        period=period,
+        pageviews_used=pageviews,
+        coverage_used=coverage,
+        pageviews_attempted=0,
+        coverage_attempted=0,
+        billing_mode=_pageview_mode(policy, pageviews),
+        coverage_mode=_coverage_mode(policy, coverage),
+    )

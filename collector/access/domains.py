@@ -1,0 +1,114 @@
+"""Domain gating and site scope for website keys (spec 5.5).
+
+A registered domain covers itself and its subdomains, with a dot as the
+boundary (`evilacme.com` never matches `acme.com`); a leading `*.` is
+stripped. A domain registered with a subdomain host (`shop.example.co.uk`)
+also covers its apex and siblings: matching follows the registrable root
+from the Public Suffix List (`example.co.uk`). Loopback hosts always pass.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+from urllib.parse import urlsplit
+
+from publicsuffixlist import PublicSuffixList
+
+from collector.access.tenants import KeyRecord, KeyType, Site
+from collector.errors import ServiceError
+
+_PSL = PublicSuffixList()
+DEFAULT_SITE = Site(siteId="default")
+
+
+@functools.lru_cache(maxsize=65536)
+def registrable_root(host: str) -> str:
+    return _PSL.privatesuffix(host) or host
+
+
+def normalize_domain(domain: str) -> str:
+    domain = domain.strip().lower().rstrip(".")
+    return domain[2:] if domain.startswith("*.") else domain
+
+
+def request_host(origin: str | None, referer: str | None) -> str | None:
+    """The browser's host from Origin (preferred) or Referer; None when neither is usable."""
+    for value in (origin, referer):
+        if not value or value.strip().lower() == "null":
+            continue
+        try:
+            host = urlsplit(value.strip()).hostname
+        except ValueError:
+            continue
+        if host:
+            return host.rstrip(".").lower()
+    return None
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _matches(host: str, domain: str) -> bool:
+    return host == domain or host.endswith("." + domain)
+
+
+def _site_score(site: Site, host: str) -> int:
+    """How specifically a site's domains cover `host`: 0 for not at all."""
+    best = 0
+    for raw in site.domains:
+        domain = normalize_domain(raw)
+        if not domain:
+            continue
+        if host == domain:
+            best = max(best, 10_000)
+        elif _matches(host, domain):
+            best = max(best, 1_000 + len(domain))
+        else:
+            root = registrable_root(domain)
+            if root != domain and _matches(host, root):
+                best = max(best, len(root))
+    return best
+
+
+def match_site(key: KeyRecord, host: str) -> Site | None:
+    scored = [(score, site) for site in key.sites if (score := _site_score(site, host))]
+    return max(scored, key=lambda pair: pair[0])[1] if scored else None
+
+
+def gate(key: KeyRecord, origin: str | None, referer: str | None) -> Site | None:
+    """Apply the domain gate; the matched site, or None when the request passes unmatched."""
+    if key.key_type is not KeyType.BROWSER:
+        return key.sites[0] if len(key.sites) == 1 else None
+    host = request_host(origin, referer)
+    configured = any(site.domains for site in key.sites)
+    if not configured:
+        return match_site(key, host) if host else None
+    if host is None:
+        raise ServiceError("origin_required", "this key only accepts requests with an Origin or Referer")
+    if is_loopback(host):
+        return match_site(key, host)
+    site = match_site(key, host)
+    if site is None:
+        raise ServiceError("domain_not_allowed", f"{host} is not a registered domain of this key")
+    return site
+
+
+def bind_site(key: KeyRecord, matched: Site | None) -> Site:
+    """Site scope: the matched property, or the only one; several unmatched is ambiguous."""
+    if matched is not None:
+        return matched
+    if len(key.sites) == 1:
+        return key.sites[0]
+    if not key.sites:
+        return DEFAULT_SITE
+    raise ServiceError(
+        "site_scope_ambiguous",
+        "this key covers several properties and the request matches none of them",
+    )

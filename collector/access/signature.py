@@ -1,0 +1,60 @@
+"""Server-key event signing, v1 (spec 5.2), to the byte.
+
+Signed input: b"v1\\n" + unix seconds + b"\\nPOST\\n" + path + b"\\n" +
+trimmed Idempotency-Key (empty if absent) + b"\\n" + the exact wire body
+(compressed bytes for gzip). MAC: HMAC-SHA256 keyed with the server API key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+
+from collector.errors import ServiceError
+
+WINDOW_S = 300
+_SIGNATURE = re.compile(r"v1=[0-9a-f]{64}")
+WWW_AUTHENTICATE = 'Service-HMAC realm="events", version=v1'
+
+
+def signed_input(timestamp: str, idempotency_key: str | None, body: bytes, path: str = "/v1/events") -> bytes:
+    key = (idempotency_key or "").strip()
+    return b"\n".join((b"v1", timestamp.encode(), b"POST", path.encode(), key.encode(), body))
+
+
+def sign(api_key: str, timestamp: str, idempotency_key: str | None, body: bytes, path: str = "/v1/events") -> str:
+    mac = hmac.new(api_key.encode(), signed_input(timestamp, idempotency_key, body, path), hashlib.sha256)
+    return "v1=" + mac.hexdigest()
+
+
+def verify_server_signature(
+    *,
+    api_key: str | None,
+    timestamp: str | None,
+    signature: str | None,
+    idempotency_key: str | None,
+    body: bytes,
+    now_s: float,
+    path: str = "/v1/events",
+) -> None:
+    """Raises ServiceError (401) unless the request is signed correctly and recently."""
+    if not api_key or not timestamp or not signature:
+        raise ServiceError(
+            "server_signature_required",
+            "server-key event writes need X-API-Key, X-CS-Timestamp and X-CS-Signature",
+            headers={"WWW-Authenticate": WWW_AUTHENTICATE},
+        )
+    ts = timestamp.strip()
+    if not ts.isascii() or not ts.isdigit():
+        raise ServiceError("invalid_server_signature", "X-CS-Timestamp must be unix seconds")
+    if abs(now_s - int(ts)) > WINDOW_S:
+        raise ServiceError(
+            "server_signature_expired",
+            "X-CS-Timestamp is more than five minutes from the collector clock; re-sign with the current time",
+        )
+    if not _SIGNATURE.fullmatch(signature.strip()):
+        raise ServiceError("invalid_server_signature", "X-CS-Signature must be v1=<64 lowercase hex>")
+    expected = sign(api_key, ts, idempotency_key, body, path)
+    if not hmac.compare_digest(expected, signature.strip()):
+        raise ServiceError("invalid_server_signature", "X-CS-Signature does not match the request")

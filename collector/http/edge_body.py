@@ -1,0 +1,70 @@
+"""POST /v1/edge/pageview: the edge body and its translation into a pageview event.
+
+An edge worker (CDN function, reverse proxy) sees the page request, not the
+browser, so its body is flat and small:
+
+    {"_eid": "...", "visitorId": "...", "sessionId": "...", "url": "https://...",
+     "title": "...", "referrer": "...", "timestamp": 1763800000000,
+     "userAgent": "...", "consent": {"analytics": true}}
+
+`url`, `visitorId` and `sessionId` are required; `title` defaults to "",
+`timestamp` to the time of receipt, `userAgent` to the request's User-Agent.
+The edge knows no viewport: the stored pageview carries 0 x 0. The result is
+a normal pageview event body that runs through the same pipeline as
+POST /v1/events (validation, idempotency, payment scan, metering).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgspec
+
+from collector.errors import ServiceError
+
+
+class EdgePageview(msgspec.Struct, frozen=True):
+    url: str
+    visitorId: str
+    sessionId: str
+    eid: str | None = msgspec.field(default=None, name="_eid")
+    title: str = ""
+    referrer: str | None = None
+    timestamp: int | float | None = None
+    userAgent: str | None = None
+    consent: dict[str, Any] | None = None
+
+
+_decoder = msgspec.json.Decoder(EdgePageview)
+_encoder = msgspec.json.Encoder()
+
+
+def edge_to_event(body: bytes, *, user_agent: str | None, now_ms: int) -> bytes:
+    """The pageview event body for an edge request; raises ServiceError on a bad body."""
+    try:
+        edge = _decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise ServiceError("validation_error", f"invalid edge pageview: {exc}") from None
+    except msgspec.DecodeError:
+        raise ServiceError("invalid_json", "body is not valid JSON") from None
+    page: dict[str, Any] = {"url": edge.url, "path": urlsplit(edge.url).path or "/", "title": edge.title}
+    if edge.referrer:
+        page["referrer"] = edge.referrer
+    event: dict[str, Any] = {
+        "type": "pageview",
+        "visitorId": edge.visitorId,
+        "sessionId": edge.sessionId,
+        "timestamp": edge.timestamp if edge.timestamp is not None else now_ms,
+        "page": page,
+        "device": {
+            "userAgent": edge.userAgent or user_agent or "",
+            "viewport": {"width": 0, "height": 0},
+            "clientPlatform": "web",
+        },
+    }
+    if edge.eid is not None:
+        event["_eid"] = edge.eid
+    if edge.consent is not None:
+        event["consent"] = edge.consent
+    return _encoder.encode(event)

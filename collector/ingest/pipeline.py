@@ -1,0 +1,180 @@
+"""The pure ingest pipeline: `prepare_batch(body, ctx) -> PreparedBatch`.
+
+bytes -> JSON decode (one pass) -> batch shape -> per event: typed decode,
+platform rewrite, field rules and truncation -> idempotency id -> content
+hash -> enrichment. The whole request is scanned once for payment data.
+No I/O, no clock: time comes from the context.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import msgspec
+import xxhash
+
+from collector.errors import ServiceError
+from collector.ingest.model import (
+    AcceptedEvent,
+    EventIssue,
+    IngestContext,
+    MeterKind,
+    PreparedBatch,
+    RejectedEvent,
+)
+from collector.ingest.payment import find_payment_data
+from collector.ingest.schema import AnyEvent, Batch, ConsentTransition, Enrichment, Pageview
+from collector.ingest.validate import check_event, rewrite_platform
+
+MAX_BATCH = 25
+MAX_STORED_EVENT = 120_000
+MAX_IDEMPOTENCY_KEY = 512
+SKEW_MS = 5 * 60 * 1000
+
+_event_decoder = msgspec.json.Decoder(AnyEvent)  # type: ignore[arg-type]
+_batch_decoder = msgspec.json.Decoder(Batch)
+_generic_decoder = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
+
+
+def _issue_from(error: msgspec.ValidationError) -> EventIssue:
+    message, _, where = str(error).partition(" - at `")
+    return EventIssue(where.rstrip("`") or "$", message)
+
+
+def _decode_json(body: bytes) -> object:
+    try:
+        return _generic_decoder.decode(body)
+    except msgspec.DecodeError as exc:
+        raise ServiceError("invalid_json", f"body is not valid JSON: {exc}") from None
+    except UnicodeDecodeError:
+        raise ServiceError("invalid_json", "body is not valid UTF-8") from None
+    except RecursionError:
+        raise ServiceError("invalid_json", "body is nested too deeply") from None
+
+
+def _split(body: bytes, decoded: object) -> tuple[list[bytes], bool]:
+    """The raw JSON of each event, and whether the body was a single event."""
+    if not isinstance(decoded, dict):
+        raise ServiceError("validation_error", "the body must be a JSON object")
+    if "events" not in decoded or "type" in decoded:
+        return [body], True
+    events = decoded["events"]
+    if not isinstance(events, list):
+        raise ServiceError("validation_error", "events must be an array of 1 to 25 events")
+    if not 1 <= len(events) <= MAX_BATCH:
+        raise ServiceError(
+            "validation_error", f"a batch holds 1 to {MAX_BATCH} events, got {len(events)}"
+        )
+    return [bytes(raw) for raw in _batch_decoder.decode(body).events], False
+
+
+def _meter(event: AnyEvent) -> MeterKind:
+    if isinstance(event, Pageview):
+        return MeterKind.PAGEVIEW
+    if isinstance(event, ConsentTransition):
+        return MeterKind.NONE
+    return MeterKind.COVERAGE
+
+
+def _event_id(event: AnyEvent, index: int, header_key: str | None, production: bool) -> str | None:
+    if event.eid is not None:
+        return event.eid
+    if header_key:
+        return f"{header_key}/{index}"
+    if production:
+        return None
+    return "dev_" + os.urandom(16).hex()
+
+
+def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
+    """Validate a request body; raises ServiceError for request-level refusals."""
+    header_key = ctx.idempotency_key.strip() if ctx.idempotency_key is not None else None
+    if header_key is not None and len(header_key) > MAX_IDEMPOTENCY_KEY:
+        raise ServiceError(
+            "invalid_idempotency_key", f"Idempotency-Key is over {MAX_IDEMPOTENCY_KEY} characters"
+        )
+    decoded = _decode_json(body)
+    payment = find_payment_data(body, decoded)
+    if payment is not None:
+        raise ServiceError(
+            "prohibited_payment_data",
+            f"payment-instrument material is not accepted ({payment}); nothing was stored",
+        )
+    raws, single = _split(body, decoded)
+
+    accepted: list[AcceptedEvent] = []
+    rejected: list[RejectedEvent] = []
+    missing_ids: list[int] = []
+    for index, raw in enumerate(raws):
+        try:
+            event: AnyEvent = _event_decoder.decode(raw)
+        except msgspec.ValidationError as exc:
+            eid = _raw_eid(decoded, index, single)
+            rejected.append(RejectedEvent(index, eid, "validation_error", [_issue_from(exc)]))
+            continue
+        event = rewrite_platform(event, ctx.key_type)
+        event, issues = check_event(event)
+        if issues:
+            rejected.append(RejectedEvent(index, event.eid, "validation_error", issues))
+            continue
+        eid = _event_id(event, index, header_key, ctx.production)
+        if eid is None:
+            missing_ids.append(index)
+            continue
+        client_json = _encoder.encode(event)
+        content_hash = xxhash.xxh3_128_digest(client_json)
+        client_ts = None
+        if abs(event.timestamp - ctx.now_ms) > SKEW_MS:
+            client_ts = event.timestamp
+            client_json = _encoder.encode(msgspec.structs.replace(event, timestamp=ctx.now_ms))
+        enrichment = _encoder.encode(
+            Enrichment(eid, ctx.client_id, ctx.site_id, ctx.now_ms, client_ts)
+        )
+        # Splice the server fields into the client object: {...client..., ...server...}
+        stored = client_json[:-1] + b"," + enrichment[1:]
+        if len(stored) > MAX_STORED_EVENT:
+            raise ServiceError(
+                "batch_too_large",
+                f"event {index} is {len(stored)} bytes after enrichment, over {MAX_STORED_EVENT}",
+            )
+        accepted.append(
+            AcceptedEvent(index, eid, event.__struct_config__.tag, content_hash, stored, _meter(event))  # type: ignore[arg-type]
+        )
+    if missing_ids:
+        raise ServiceError(
+            "idempotency_required",
+            "every event needs an _eid, or the request an Idempotency-Key header;"
+            f" missing at index {', '.join(map(str, missing_ids))}",
+        )
+    if rejected and not accepted:
+        if single:
+            issues = rejected[0].issues
+            raise ServiceError(
+                "validation_error",
+                f"the event is invalid: {issues[0].path}: {issues[0].message}",
+                details=[{"path": i.path, "message": i.message} for i in issues],
+            )
+        raise ServiceError(
+            "validation_error",
+            "every event in the batch is invalid",
+            errors=[
+                {
+                    "index": r.index,
+                    "eid": r.eid,
+                    "issues": [{"path": i.path, "message": i.message} for i in r.issues],
+                }
+                for r in rejected
+            ],
+        )
+    return PreparedBatch(len(raws), single, accepted, rejected, [])
+
+
+def _raw_eid(decoded: Any, index: int, single: bool) -> str | None:
+    try:
+        event = decoded if single else decoded["events"][index]  # type: ignore[index]
+        eid = event.get("_eid")
+    except (KeyError, TypeError, AttributeError, IndexError):
+        return None
+    return eid if isinstance(eid, str) else None

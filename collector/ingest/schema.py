@@ -1,0 +1,171 @@
+"""The event wire format as msgspec Structs (spec 2.2, 2.3; operator contract wire details).
+
+Type-specific fields sit at the top level of the event beside the envelope;
+a click's `element` and a pageview's `performance` stay nested. Hard limits
+that reject are `Meta` constraints; limits that truncate (page fields) are
+applied after decoding. Unknown fields are ignored and not stored.
+Stored Structs evolve only by appending fields with defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+Id128 = Annotated[str, Meta(min_length=1, max_length=128)]
+Number = int | float
+Percent = Annotated[float, Meta(ge=0, le=100)]
+Unit = Annotated[float, Meta(ge=0, le=1)]
+NonNegative = Annotated[float, Meta(ge=0)]
+Platform = Literal["web", "ios", "android", "react-native", "server"]
+
+
+class Size(msgspec.Struct, frozen=True):
+    width: NonNegative
+    height: NonNegative
+
+
+class Automation(msgspec.Struct, frozen=True, omit_defaults=True):
+    score: Percent | None = None
+    signals: list[Annotated[str, Meta(max_length=128)]] | None = None
+    webdriver: bool | None = None
+
+
+class Device(msgspec.Struct, frozen=True, omit_defaults=True):
+    userAgent: Annotated[str, Meta(max_length=512)] | None = None
+    viewport: Size | None = None
+    screen: Size | None = None
+    clientPlatform: Platform | None = None
+    fingerprint: Annotated[str, Meta(max_length=512)] | None = None
+    fingerprintConfidence: Percent | None = None
+    gpuVendor: Annotated[str, Meta(max_length=256)] | None = None
+    gpuRenderer: Annotated[str, Meta(max_length=512)] | None = None
+    connectionType: Annotated[str, Meta(max_length=64)] | None = None
+    pixelRatio: NonNegative | None = None
+    timezone: Annotated[str, Meta(max_length=64)] | None = None
+    language: Annotated[str, Meta(max_length=64)] | None = None
+    platform: Annotated[str, Meta(max_length=128)] | None = None
+    automation: Automation | None = None
+
+
+class Page(msgspec.Struct, frozen=True, omit_defaults=True):
+    path: str
+    title: str
+    url: str | None = None
+    referrer: str | None = None
+
+
+class Consent(msgspec.Struct, frozen=True, omit_defaults=True):
+    analytics: bool
+    identityResolution: bool | None = None
+    thirdPartySharing: bool | None = None
+    timestamp: Number | None = None
+
+
+class Event(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True, tag_field="type"):
+    visitorId: Id128
+    sessionId: Id128
+    timestamp: Number
+    eid: Id128 | None = msgspec.field(default=None, name="_eid")
+    page: Page | None = None  # required except for _consent_transition (checked in validate)
+    device: Device | None = None
+    consent: Consent | None = None
+
+
+class Performance(msgspec.Struct, frozen=True, omit_defaults=True):
+    loadTime: NonNegative | None = None
+    domContentLoaded: NonNegative | None = None
+    firstContentfulPaint: NonNegative | None = None
+
+
+class Pageview(Event, tag="pageview", frozen=True):
+    performance: Performance | None = None
+
+
+class Element(msgspec.Struct, frozen=True, omit_defaults=True):
+    selector: Annotated[str, Meta(max_length=512)]
+    text: Annotated[str, Meta(max_length=512)]
+    x: Number
+    y: Number
+    pageX: Number | None = None
+    pageY: Number | None = None
+    normX: Unit | None = None
+    normY: Unit | None = None
+    viewportWidth: NonNegative | None = None
+    viewportHeight: NonNegative | None = None
+    docWidth: NonNegative | None = None
+    docHeight: NonNegative | None = None
+
+
+class Click(Event, tag="click", frozen=True):
+    element: Element
+
+
+class Scroll(Event, tag="scroll", frozen=True):
+    depth: Percent
+    timeOnPage: NonNegative
+
+
+class FileMeta(msgspec.Struct, frozen=True, omit_defaults=True):
+    name: Annotated[str, Meta(max_length=256)]
+    field: Annotated[str, Meta(max_length=256)] | None = None
+    size: Annotated[int, Meta(ge=0, le=100 * 1024 * 1024)] | None = None
+    type: Annotated[str, Meta(max_length=128)] | None = None
+
+
+UUID_PATTERN = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+
+
+class Form(Event, tag="form", frozen=True):
+    action: Literal["focus", "blur", "submit", "abandon"]
+    formId: Annotated[str, Meta(min_length=1, max_length=256)]
+    fieldCount: Annotated[int, Meta(ge=0, le=1000)]
+    form_selector: Annotated[str, Meta(max_length=512)] | None = None
+    raw_fields: Annotated[str, Meta(max_length=4096)] | None = None
+    detected_name: bool | None = None
+    detected_email: bool | None = None
+    detected_phone: bool | None = None
+    completion_rate: Percent | None = None
+    values: dict[Annotated[str, Meta(max_length=256)], Annotated[str, Meta(max_length=10_000)]] | None = None
+    files: Annotated[list[FileMeta], Meta(max_length=25)] | None = None
+    form_submission_id: Annotated[str, Meta(pattern=UUID_PATTERN)] | None = None
+    submitted_at: Number | None = None
+
+
+class Custom(Event, tag="custom", frozen=True):
+    name: Annotated[str, Meta(min_length=1, max_length=256)]
+    category: Annotated[str, Meta(max_length=256)] | None = None
+    action: Annotated[str, Meta(max_length=256)] | None = None
+    label: Annotated[str, Meta(max_length=4096)] | None = None
+    value: Number | None = None
+
+
+class Identify(Event, tag="identify", frozen=True):
+    hem: Annotated[str, Meta(pattern="^[0-9a-f]{64}$")]
+    hemMd5: Annotated[str, Meta(pattern="^[0-9a-f]{32}$")] | None = None
+    rawEmail: Annotated[str, Meta(max_length=320)] | None = None
+    rawPhone: Annotated[str, Meta(max_length=64)] | None = None
+    identity: dict[str, Any] | None = None
+
+
+class ConsentTransition(Event, tag="_consent_transition", frozen=True):
+    pass
+
+
+AnyEvent = Pageview | Click | Scroll | Form | Custom | Identify | ConsentTransition
+
+
+class Batch(msgspec.Struct, frozen=True):
+    events: list[msgspec.Raw]
+
+
+class Enrichment(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Server fields appended to every stored event."""
+
+    eid: str
+    clientId: str
+    siteId: str
+    receivedAt: int
+    clientTimestamp: Number | None = None

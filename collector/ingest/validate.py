@@ -1,0 +1,107 @@
+"""Per-event rules that a schema cannot express: platform rewrite, web rules, truncation.
+
+Pure functions over decoded Structs; each returns the event to store or a
+list of issues.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import msgspec
+
+from collector.ingest.model import EventIssue
+from collector.ingest.schema import AnyEvent, ConsentTransition, Device, Form, Page
+
+URL_MAX = 2048
+TITLE_MAX = 512
+NATIVE = frozenset({"ios", "android", "react-native", "server"})
+
+
+def rewrite_platform(event: AnyEvent, key_type: str) -> AnyEvent:
+    """Spec 2.4: the collector stamps clientPlatform by key type before validation."""
+    device = event.device
+    declared = device.clientPlatform if device is not None else None
+    if key_type == "server":
+        wanted: str | None = "server"
+    elif key_type == "mobile":
+        wanted = declared or "react-native"
+    else:
+        wanted = None if declared in NATIVE else declared  # website keys validate as web
+    if wanted == declared:
+        return event
+    new_device = msgspec.structs.replace(device or Device(), clientPlatform=wanted)  # type: ignore[arg-type]
+    return msgspec.structs.replace(event, device=new_device)
+
+
+def _truncate(page: Page) -> Page:
+    url, path, title, referrer = page.url, page.path, page.title, page.referrer
+    if (
+        (url is None or len(url) <= URL_MAX)
+        and len(path) <= URL_MAX
+        and len(title) <= TITLE_MAX
+        and (referrer is None or len(referrer) <= URL_MAX)
+    ):
+        return page
+    return Page(
+        path=path[:URL_MAX],
+        title=title[:TITLE_MAX],
+        url=url[:URL_MAX] if url is not None else None,
+        referrer=referrer[:URL_MAX] if referrer is not None else None,
+    )
+
+
+def _web_url_issue(url: str | None) -> str | None:
+    if url is None:
+        return "page.url is required for web events"
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "page.url does not parse as a URL"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "page.url must be an http(s) URL with a host"
+    return None
+
+
+def check_event(event: AnyEvent) -> tuple[AnyEvent, list[EventIssue]]:
+    """The event with truncation applied, and the issues that reject it (if any)."""
+    issues: list[EventIssue] = []
+    device = event.device
+    platform = (device.clientPlatform if device is not None else None) or "web"
+    if isinstance(event, ConsentTransition):
+        if event.consent is None:
+            issues.append(EventIssue("$.consent", "a _consent_transition event needs consent"))
+        page = event.page
+        if page is not None and (page.url or page.title or page.referrer):
+            issues.append(
+                EventIssue("$.page", "a _consent_transition event never carries page content")
+            )
+        return event, issues
+    if event.page is None:
+        issues.append(EventIssue("$", "Object missing required field `page`"))
+    if device is None:
+        issues.append(EventIssue("$", "Object missing required field `device`"))
+    if issues:
+        return event, issues
+    assert event.page is not None and device is not None
+    page = _truncate(event.page)
+    if platform == "web":
+        problem = _web_url_issue(event.page.url)
+        if problem:
+            issues.append(EventIssue("$.page.url", problem))
+        if not device.userAgent:
+            issues.append(EventIssue("$.device.userAgent", "device.userAgent is required for web events"))
+        if device.viewport is None:
+            issues.append(EventIssue("$.device.viewport", "device.viewport is required for web events"))
+    if isinstance(event, Form) and event.raw_fields is not None:
+        try:
+            decoded = msgspec.json.decode(event.raw_fields, type=dict[str, str])
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            decoded = None
+        if decoded is None:
+            issues.append(
+                EventIssue("$.raw_fields", "raw_fields must be a JSON object of field names to types")
+            )
+    if page is not event.page:
+        event = msgspec.structs.replace(event, page=page)
+    return event, issues

@@ -1,0 +1,135 @@
+"""Authentication and access on the ingest routes (spec 5.1-5.3, 5.6, 7.1)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from collector.access.signature import sign
+from tests.conftest import BROWSER_KEY, MOBILE_KEY, SERVER_KEY, RunningServer, pageview
+from tests.helpers import outbox_dump, run_cli
+
+ORIGIN = {"Origin": "https://acme.com"}
+
+
+async def test_missing_and_unknown_key(server: RunningServer) -> None:
+    response = await server.client.post("/v1/events", json=pageview("a"), headers=ORIGIN)
+    assert response.status_code == 401
+    assert response.json()["error"] == "missing_api_key"
+    response = await server.client.post(
+        "/v1/events", json=pageview("a"), headers={**ORIGIN, "X-API-Key": "cs_live_nope00000"}
+    )
+    assert response.status_code == 401
+    assert response.json()["error"] == "invalid_api_key"
+
+
+async def test_key_in_query_parameter_for_browser_and_mobile(server: RunningServer) -> None:
+    response = await server.client.post(
+        f"/v1/events?key={BROWSER_KEY}", content=json.dumps(pageview("q1")), headers=ORIGIN
+    )
+    assert response.status_code == 202, response.text
+    event = pageview("q2", device={"clientPlatform": "ios"}, page={"path": "Home", "title": "Home"})
+    response = await server.client.post(f"/v1/events?key={MOBILE_KEY}", json=event)
+    assert response.status_code == 202, response.text
+
+
+async def test_header_key_wins_over_query(server: RunningServer) -> None:
+    response = await server.client.post(
+        "/v1/events?key=cs_live_nope00000",
+        json=pageview("w1"),
+        headers={**ORIGIN, "X-API-Key": BROWSER_KEY},
+    )
+    assert response.status_code == 202
+
+
+async def test_suspended_account(server: RunningServer) -> None:
+    response = await server.client.post(
+        "/v1/events",
+        json=pageview("s"),
+        headers={"X-API-Key": "cs_live_suspended000", "Origin": "https://gone.com"},
+    )
+    assert response.status_code == 403
+    assert response.json()["error"] == "account_suspended"
+
+
+async def test_permissions_without_events_write(server: RunningServer) -> None:
+    response = await server.client.post(
+        "/v1/events", json=pageview("p"), headers={**ORIGIN, "X-API-Key": "cs_live_readonly0000"}
+    )
+    assert response.status_code == 403
+    assert response.json()["error"] == "insufficient_permission"
+
+
+def server_event(eid: str) -> dict[str, object]:
+    return {
+        "type": "custom",
+        "_eid": eid,
+        "name": "invoice_paid",
+        "visitorId": "v1",
+        "sessionId": "s1",
+        "timestamp": int(time.time() * 1000),
+        "page": {"path": "/billing/webhook", "title": "webhook"},
+        "device": {},
+    }
+
+
+async def test_server_key_needs_signature(server: RunningServer) -> None:
+    body = json.dumps(server_event("s1")).encode()
+    response = await server.client.post("/v1/events", content=body, headers={"X-API-Key": SERVER_KEY})
+    assert response.status_code == 401
+    assert response.json()["error"] == "server_signature_required"
+    assert response.headers["WWW-Authenticate"] == 'Service-HMAC realm="events", version=v1'
+    # the key parameter is never accepted for server event writes
+    ts = str(int(time.time()))
+    response = await server.client.post(
+        f"/v1/events?key={SERVER_KEY}",
+        content=body,
+        headers={"X-CS-Timestamp": ts, "X-CS-Signature": sign(SERVER_KEY, ts, None, body)},
+    )
+    assert response.status_code == 401
+    assert response.json()["error"] == "server_signature_required"
+
+
+async def test_signed_server_write_and_its_errors(server: RunningServer) -> None:
+    body = json.dumps(server_event("s2")).encode()
+    ts = str(int(time.time()))
+    headers = {
+        "X-API-Key": SERVER_KEY,
+        "X-CS-Timestamp": ts,
+        "Idempotency-Key": "retry-7",
+        "Content-Type": "application/json",
+    }
+    good = sign(SERVER_KEY, ts, "retry-7 ", body)  # the key is trimmed when signed
+    response = await server.client.post("/v1/events", content=body, headers={**headers, "X-CS-Signature": good})
+    assert response.status_code == 202, response.text
+    assert (await outbox_dump(server.data_dir))[0]["event"]["device"]["clientPlatform"] == "server"
+
+    tampered = body.replace(b"invoice_paid", b"invoice_void")
+    response = await server.client.post("/v1/events", content=tampered, headers={**headers, "X-CS-Signature": good})
+    assert response.json()["error"] == "invalid_server_signature"
+    response = await server.client.post("/v1/events", content=body, headers={**headers, "X-CS-Signature": "v1=zz"})
+    assert response.json()["error"] == "invalid_server_signature"
+    old = str(int(time.time()) - 301)
+    stale = sign(SERVER_KEY, old, "retry-7", body)
+    response = await server.client.post(
+        "/v1/events", content=body, headers={**headers, "X-CS-Timestamp": old, "X-CS-Signature": stale}
+    )
+    assert response.status_code == 401
+    assert response.json()["error"] == "server_signature_expired"
+
+
+async def test_mobile_key_is_stamped_react_native(server: RunningServer) -> None:
+    event = pageview("m1", page={"path": "Home", "title": "Home"}, device={})
+    response = await server.client.post("/v1/events", json=event, headers={"X-API-Key": MOBILE_KEY})
+    assert response.status_code == 202, response.text
+    stored = (await outbox_dump(server.data_dir))[0]
+    assert stored["event"]["device"]["clientPlatform"] == "react-native"
+    assert stored["siteId"] == "app"
+
+
+async def test_revoked_key_is_refused_after_the_cache_expires(server: RunningServer) -> None:
+    run_cli("keys", "revoke", MOBILE_KEY, data_dir=server.data_dir)
+    # The key cache may serve the old record for 2 minutes (spec 5.6); a fresh
+    # server process sees the revocation at once.
+    listed = [json.loads(line) for line in run_cli("tenants", "list", data_dir=server.data_dir).stdout.splitlines()]
+    assert any(r["key"] == MOBILE_KEY and r.get("revokedAt") for r in listed)

@@ -1,0 +1,139 @@
+"""The real `collector serve` process: listening line, SIGTERM, kill -9 durability, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import trio
+
+from tests.conftest import BROWSER_KEY, pageview, write_tenants
+from tests.helpers import run_cli
+
+H = {"X-API-Key": BROWSER_KEY, "Origin": "https://acme.com"}
+
+
+class ServerProcess:
+    def __init__(self, tmp_path: Path, *extra: str) -> None:
+        self.data_dir = tmp_path / "data"
+        tenants = write_tenants(tmp_path / "tenants.json")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "collector", "serve", "--bind", "127.0.0.1:0",
+             "--data-dir", str(self.data_dir), "--tenants", str(tenants), *extra],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert "listening on http://" in line, line
+        self.url = line.split("listening on ")[1].strip()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout=timeout)
+
+
+def test_listening_line_health_and_graceful_stop(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path)
+    try:
+        assert httpx.get(server.url + "/healthz").status_code == 200
+        assert httpx.get(server.url + "/readyz").status_code == 200
+        metrics = httpx.get(server.url + "/metrics")
+        assert "collector_writer_transactions" in metrics.text
+        response = httpx.post(server.url + "/v1/events", json=pageview("keep"), headers=H)
+        assert response.status_code == 202
+    finally:
+        started = time.monotonic()
+        assert server.stop(signal.SIGTERM) == 0
+        assert time.monotonic() - started < 10
+    dump = run_cli("outbox", "dump", data_dir=server.data_dir).stdout
+    assert '"eid":"keep"' in dump
+    # restart on the same directory: the event is still there and still a duplicate
+    again = ServerProcess(tmp_path)
+    try:
+        response = httpx.post(again.url + "/v1/events", json=pageview("keep"), headers=H)
+        assert response.json()["duplicates"] == 1
+    finally:
+        assert again.stop(signal.SIGINT) == 0
+
+
+def test_acknowledged_events_survive_kill_9(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path)
+    acknowledged: list[str] = []
+
+    async def writer(worker: int, client: httpx.AsyncClient) -> None:
+        batch = 0
+        while True:
+            eids = [f"w{worker}-{batch}-{i}" for i in range(5)]
+            batch += 1
+            try:
+                response = await client.post(
+                    "/v1/events",
+                    json={"events": [pageview(e) for e in eids]},
+                    headers=H,
+                )
+            except httpx.HTTPError:
+                return
+            if response.status_code == 202 and response.json()["accepted"] == 5:
+                acknowledged.extend(eids)
+
+    async def load() -> None:
+        async with (
+            httpx.AsyncClient(base_url=server.url, timeout=5) as client,
+            trio.open_nursery() as nursery,
+        ):
+            for worker in range(16):
+                nursery.start_soon(writer, worker, client)
+            await trio.sleep(1.5)
+            os.kill(server.proc.pid, signal.SIGKILL)
+
+    trio.run(load)
+    server.proc.wait(timeout=10)
+    assert len(acknowledged) > 100
+    rows = [json.loads(line) for line in run_cli("outbox", "dump", data_dir=server.data_dir).stdout.splitlines()]
+    counts = Counter(row["eid"] for row in rows)
+    assert not [eid for eid in acknowledged if counts[eid] != 1], "acknowledged events lost"
+    assert max(counts.values()) == 1, "an event was stored twice"
+
+
+def test_cli_tenants_import_list_and_errors(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    tenants = write_tenants(tmp_path / "t.json")
+    result = run_cli("tenants", "import", str(tenants), data_dir=data_dir)
+    assert result.stdout.count("\n") == 6
+    listed = [json.loads(line) for line in run_cli("tenants", "list", data_dir=data_dir).stdout.splitlines()]
+    assert {r["key"] for r in listed} >= {BROWSER_KEY}
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"keys": [{"key": "cs_live_new0000000", "clientId": "n", "colour": "red"}]}))
+    result = run_cli("tenants", "import", str(bad), data_dir=data_dir, check=False)
+    assert result.returncode == 2
+    assert "colour" in result.stderr and result.stderr.count("\n") == 1
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"keys": [{"key": "cs_live_new0000000", "clientId": "n"}, ')
+    assert run_cli("tenants", "import", str(broken), data_dir=data_dir, check=False).returncode == 2
+    listed_after = run_cli("tenants", "list", data_dir=data_dir).stdout
+    assert "cs_live_new0000000" not in listed_after
+
+
+def test_cli_key_rotation(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    run_cli("tenants", "import", str(write_tenants(tmp_path / "t.json")), data_dir=data_dir)
+    new_key = run_cli("keys", "rotate", "cs_mob_live_acme000000", data_dir=data_dir).stdout.strip()
+    assert new_key.startswith("cs_mob_live_") and new_key != "cs_mob_live_acme000000"
+    listed = {r["key"]: r for r in map(json.loads, run_cli("tenants", "list", data_dir=data_dir).stdout.splitlines())}
+    assert listed["cs_mob_live_acme000000"]["revokedAt"]
+    assert listed["cs_mob_live_acme000000"]["replacedBy"] == new_key
+    assert listed[new_key]["clientId"] == "acme" and "revokedAt" not in listed[new_key]
+    website = run_cli("keys", "rotate", BROWSER_KEY, data_dir=data_dir, check=False)
+    assert website.returncode == 2 and "support" in website.stderr
+    unknown = run_cli("keys", "revoke", "cs_live_unknown000", data_dir=data_dir, check=False)
+    assert unknown.returncode == 2

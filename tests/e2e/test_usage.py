@@ -1,0 +1,154 @@
+"""Usage metering end to end (issue 7): allowances, refusals, pooling, overage, rollover."""
+
+from __future__ import annotations
+
+import calendar
+import json
+from pathlib import Path
+
+import trio
+
+from tests.conftest import RunningServer, click, pageview, start_server
+from tests.helpers import run_cli
+
+FREE = "cs_live_free0000000"
+FREE_TWIN = "cs_live_free0000001"
+PAID = "cs_live_paid0000000"
+ORIGIN = "https://shop.example"
+
+TENANTS = {
+    "keys": [
+        {"key": FREE, "clientId": "freeco", "plan": "free", "rateLimit": 5000,
+         "sites": [{"siteId": "a", "domains": ["shop.example"]}]},
+        {"key": FREE_TWIN, "clientId": "freeco-eu", "billingAccount": "freeco", "plan": "free",
+         "rateLimit": 5000, "sites": [{"siteId": "b", "domains": ["shop.example"]}]},
+        {"key": PAID, "clientId": "paidco", "plan": "paid", "overage": True, "rateLimit": 5000,
+         "sites": [{"siteId": "p", "domains": ["shop.example"]}],
+         "contract": {"monthlyPageviews": 100, "pageviewCeiling": 150}},
+    ]
+}
+
+
+def headers(key: str) -> dict[str, str]:
+    return {"X-API-Key": key, "Origin": ORIGIN}
+
+
+async def send(server: RunningServer, key: str, events: list[dict[str, object]]):
+    return await server.client.post("/v1/events", json={"events": events}, headers=headers(key))
+
+
+async def test_free_account_runs_out_and_is_refused_whole(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await start_server(nursery, tmp_path, TENANTS)
+    # 4,975 pageviews through the main key and 25 through a second key of the same
+    # billing account: both draw on the one pool of 5,000.
+    async def fill(worker: int) -> None:
+        for batch in range(worker, 199, 8):
+            response = await send(server, FREE, [pageview(f"f{batch}-{i}") for i in range(25)])
+            assert response.status_code == 202, response.text
+
+    async with trio.open_nursery() as fillers:
+        for worker in range(8):
+            fillers.start_soon(fill, worker)
+    last = await send(server, FREE_TWIN, [pageview(f"twin-{i}") for i in range(25)])
+    assert last.status_code == 202
+    assert last.headers["X-Service-Monthly-Used"] == "5000"
+    assert last.headers["X-Service-Billing-Mode"] == "full"
+    assert last.json()["billing"]["monthlyPageviews"]["used"] == 5000
+
+    refused = await send(server, FREE, [click("c-extra"), pageview("one-too-many")])
+    assert refused.status_code == 429
+    body = refused.json()
+    period = body["billingPeriod"]
+    assert body == {
+        "error": "usage_limit_exceeded",
+        "message": body["message"],
+        "reason": "included_limit_reached",
+        "upgradeRequired": True,
+        "billingPeriod": period,
+        "used": 5000,
+        "included": 5000,
+        "safetyCeiling": 5000,
+        "attempted": 1,
+        "accepted": 0,
+    }
+    assert refused.headers["Retry-After"] == "3600"
+    assert refused.headers["X-Service-Billing-Mode"] == "blocked"
+    assert "X-Service-Budget-Type" not in refused.headers
+    # the refused batch consumed nothing, and its click was not stored either
+    replay = await send(server, FREE, [pageview("f0-0")])
+    assert replay.json()["duplicates"] == 1
+    assert replay.headers["X-Service-Monthly-Used"] == "5000"
+    dump = run_cli("outbox", "dump", data_dir=server.data_dir).stdout
+    assert "c-extra" not in dump
+    rows = [json.loads(line) for line in run_cli("usage", "show", "--account", "freeco", data_dir=server.data_dir).stdout.splitlines()]
+    assert {r["unit"]: r["used"] for r in rows} == {"pageview": 5000, "coverage": 0}
+
+
+async def test_concurrent_requests_never_pass_the_allowance(nursery: trio.Nursery, tmp_path: Path) -> None:
+    tenants = {"keys": [dict(TENANTS["keys"][0], contract={"monthlyPageviews": 40})]}
+    server = await start_server(nursery, tmp_path, tenants)
+    accepted = []
+
+    async def one(n: int) -> None:
+        response = await send(server, FREE, [pageview(f"k{n}-{i}") for i in range(3)])
+        if response.status_code == 202:
+            accepted.append(response.json()["accepted"])
+        else:
+            assert response.json()["error"] == "usage_limit_exceeded"
+
+    async with trio.open_nursery() as many:
+        for n in range(40):
+            many.start_soon(one, n)
+    assert sum(accepted) == 39  # 13 batches of 3 fit in 40, never more
+
+
+async def test_paid_overage_meters_until_the_ceiling(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await start_server(nursery, tmp_path, TENANTS)
+    for batch in range(4):
+        response = await send(server, PAID, [pageview(f"p{batch}-{i}") for i in range(25)])
+        assert response.headers["X-Service-Billing-Mode"] == "full"
+    over = await send(server, PAID, [pageview(f"p9-{i}") for i in range(25)])
+    assert over.status_code == 202
+    assert over.headers["X-Service-Billing-Mode"] == "metered_overage"
+    assert over.headers["X-Service-Budget-Ceiling"] == "150"
+    assert over.json()["billing"]["monthlyPageviews"]["mode"] == "metered_overage"
+    await send(server, PAID, [pageview(f"p10-{i}") for i in range(25)])
+    stop = await send(server, PAID, [pageview("p11")])
+    assert stop.status_code == 429
+    assert stop.json()["reason"] == "safety_ceiling_reached"
+    assert stop.json()["upgradeRequired"] is False
+    period = stop.json()["billingPeriod"]
+    invoice = [json.loads(line) for line in run_cli("usage", "invoice", "--period", period, data_dir=server.data_dir).stdout.splitlines()]
+    pageview_line = next(line for line in invoice if line.get("unit") == "pageview")
+    assert (pageview_line["overage"], pageview_line["blocks"], pageview_line["amount_usd"]) == (50, 1, 50)
+
+
+async def test_coverage_headers_and_the_accepted_event_ceiling(nursery: trio.Nursery, tmp_path: Path) -> None:
+    tenants = {"keys": [dict(TENANTS["keys"][0], contract={"signalsCoverage": 2, "coverageCeiling": 3})]}
+    server = await start_server(nursery, tmp_path, tenants)
+    first = await send(server, FREE, [click("c1"), click("c2")])
+    assert first.headers["X-Service-Signals-Coverage-Used"] == "2"
+    assert first.headers["X-Service-Signals-Coverage-Mode"] == "degraded"
+    assert first.headers["X-Service-Signals-Coverage-Ceiling"] == "3"
+    stop = await send(server, FREE, [click("c3"), click("c4")])
+    assert stop.status_code == 429
+    assert stop.json()["error"] == "accepted_event_safety_ceiling_reached"
+    assert stop.headers["X-Service-Budget-Type"] == "accepted-events"
+    assert "X-Service-Budget-Type" not in stop.headers.get("Access-Control-Expose-Headers", "")
+
+
+async def test_period_rolls_over_at_the_utc_month_boundary(nursery: trio.Nursery, tmp_path: Path) -> None:
+    tenants = {"keys": [dict(TENANTS["keys"][0], contract={"monthlyPageviews": 2})]}
+    server = await start_server(nursery, tmp_path, tenants)
+    end_of_month = calendar.timegm((2026, 11, 30, 23, 59, 59))
+    server.clock.fixed = end_of_month + 0.5
+    stamp = int(server.clock() * 1000)
+    full = await send(server, FREE, [pageview("r1", timestamp=stamp), pageview("r2", timestamp=stamp)])
+    assert full.headers["X-Service-Billing-Period"] == "2026-11"
+    refused = await send(server, FREE, [pageview("r3", timestamp=stamp)])
+    assert refused.status_code == 429
+    server.clock.fixed = end_of_month + 1.0  # 2026-12-01T00:00:00Z
+    fresh = await send(server, FREE, [pageview("r3", timestamp=stamp)])
+    assert fresh.status_code == 202
+    assert fresh.headers["X-Service-Billing-Period"] == "2026-12"
+    assert fresh.headers["X-Service-Monthly-Used"] == "1"

@@ -1,0 +1,305 @@
+"""The pure ingest pipeline with byte fixtures (spec 2.2-2.4, 4.1, 8.1)."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import subprocess
+import sys
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from collector.errors import RawErrorBody, ServiceError
+from collector.ingest import decompress_body, prepare_batch
+from collector.ingest.model import IngestContext, MeterKind
+from collector.ingest.payment import find_payment_data, looks_like_card
+
+NOW = 1_795_000_000_000
+
+
+def ctx(**overrides: object) -> IngestContext:
+    fields: dict[str, object] = {
+        "client_id": "acme",
+        "site_id": "web",
+        "key_type": "browser",
+        "production": True,
+        "now_ms": NOW,
+    }
+    fields.update(overrides)
+    return IngestContext(**fields)  # type: ignore[arg-type]
+
+
+def event(eid: str = "e1", **overrides: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "type": "pageview",
+        "_eid": eid,
+        "visitorId": "v1",
+        "sessionId": "s1",
+        "timestamp": NOW,
+        "page": {"url": "https://acme.com/a", "path": "/a", "title": "A"},
+        "device": {"userAgent": "Mozilla/5.0", "viewport": {"width": 1, "height": 1}},
+    }
+    base.update(overrides)
+    return base
+
+
+def run(body: object, **context: object):
+    return prepare_batch(json.dumps(body).encode(), ctx(**context))
+
+
+def stored(result, index: int = 0) -> dict[str, object]:
+    return json.loads(result.accepted[index].stored)
+
+
+def refused(body: object, code: str, **context: object) -> ServiceError:
+    with pytest.raises(ServiceError) as info:
+        run(body, **context)
+    assert info.value.code == code, info.value.message
+    return info.value
+
+
+def test_pure_modules_import_no_io_frameworks() -> None:
+    code = (
+        "import sys, collector.ingest, collector.ingest.pipeline;"
+        "bad = {'trio', 'quart', 'lmdb', 'hypercorn'} & {m.split('.')[0] for m in sys.modules};"
+        "sys.exit(1 if bad else 0)"
+    )
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_every_type_is_accepted() -> None:
+    events = [
+        event("p", performance={"loadTime": 120}),
+        event("c", type="click", element={"selector": "a", "text": "Buy", "x": 1, "y": 2, "normX": 0.5}),
+        event("s", type="scroll", depth=50, timeOnPage=1200),
+        event("f", type="form", action="submit", formId="signup", fieldCount=3,
+              raw_fields='{"email": "email"}', form_submission_id="123e4567-e89b-12d3-a456-426614174000"),
+        event("u", type="custom", name="signup", category="funnel", label="x" * 4096, value=3),
+        event("i", type="identify", hem="a" * 64, hemMd5="b" * 32),
+        {"type": "_consent_transition", "_eid": "t", "visitorId": "v", "sessionId": "s",
+         "timestamp": NOW, "consent": {"analytics": False}},
+    ]
+    result = run({"events": events})
+    assert [a.event_type for a in result.accepted] == [
+        "pageview", "click", "scroll", "form", "custom", "identify", "_consent_transition"
+    ]
+    assert [a.meter for a in result.accepted] == [
+        MeterKind.PAGEVIEW, *[MeterKind.COVERAGE] * 5, MeterKind.NONE
+    ]
+    assert stored(result, 2)["depth"] == 50  # type-specific fields stay top-level
+
+
+@pytest.mark.parametrize(
+    ("overrides", "path"),
+    [
+        ({"visitorId": "v" * 129}, "$.visitorId"),
+        ({"sessionId": ""}, "$.sessionId"),
+        ({"timestamp": "now"}, "$.timestamp"),
+        ({"type": "email_open"}, "$.type"),
+        ({"device": {"userAgent": "u" * 513, "viewport": {"width": 1, "height": 1}}}, "$.device.userAgent"),
+        ({"device": {"viewport": {"width": 1, "height": 1}}}, "$.device.userAgent"),
+        ({"device": {"userAgent": "u"}}, "$.device.viewport"),
+        ({"page": {"url": "javascript:alert(1)", "path": "/", "title": "t"}}, "$.page.url"),
+        ({"page": {"path": "/", "title": "t"}}, "$.page.url"),
+        ({"page": {"url": "https://a.com/"}}, "$.page"),
+        ({"type": "click", "element": {"selector": "s" * 513, "text": "t", "x": 1, "y": 1}}, "$.element.selector"),
+        ({"type": "scroll", "depth": 101, "timeOnPage": 1}, "$.depth"),
+        ({"type": "form", "action": "type", "formId": "f", "fieldCount": 1}, "$.action"),
+        ({"type": "form", "action": "submit", "formId": "f", "fieldCount": 1001}, "$.fieldCount"),
+        ({"type": "form", "action": "submit", "formId": "f", "fieldCount": 1, "raw_fields": "not json"}, "$.raw_fields"),
+        ({"type": "form", "action": "submit", "formId": "f", "fieldCount": 1,
+          "files": [{"name": "a"}] * 26}, "$.files"),
+        ({"type": "custom", "name": "n" * 257}, "$.name"),
+        ({"type": "custom", "name": "n", "label": "l" * 4097}, "$.label"),
+        ({"type": "identify", "hem": "A" * 64}, "$.hem"),
+        ({"type": "identify", "hem": "a" * 64, "hemMd5": "z" * 32}, "$.hemMd5"),
+    ],
+)
+def test_field_rules_reject(overrides: dict[str, object], path: str) -> None:
+    error = refused(event(**overrides), "validation_error")
+    assert any(d["path"].startswith(path) for d in error.extra["details"]), error.extra
+
+
+def test_page_fields_truncate_at_their_limits() -> None:
+    keep = run(event(page={"url": "https://a.com/" + "a" * (2048 - 14), "path": "/", "title": "t" * 512}))
+    assert len(stored(keep)["page"]["url"]) == 2048
+    cut = run(event(page={"url": "https://a.com/" + "a" * 3000, "path": "p" * 2049,
+                          "title": "t" * 513, "referrer": "r" * 5000}))
+    page = stored(cut)["page"]
+    assert (len(page["url"]), len(page["path"]), len(page["title"]), len(page["referrer"])) == (
+        2048, 2048, 512, 2048
+    )
+
+
+def test_user_agent_limit_is_exactly_512() -> None:
+    run(event(device={"userAgent": "u" * 512, "viewport": {"width": 1, "height": 1}}))
+    refused(event(device={"userAgent": "u" * 513, "viewport": {"width": 1, "height": 1}}), "validation_error")
+
+
+def test_platform_rewrite_by_key_type() -> None:
+    native = event(device={}, page={"path": "Home", "title": "Home"})
+    assert stored(run(native, key_type="mobile"))["device"]["clientPlatform"] == "react-native"
+    ios = event(device={"clientPlatform": "ios"}, page={"path": "Home", "title": "Home"})
+    assert stored(run(ios, key_type="mobile"))["device"]["clientPlatform"] == "ios"
+    assert stored(run(ios, key_type="server"))["device"]["clientPlatform"] == "server"
+    # a website key declaring a native platform is validated as web: the url is required again
+    refused(ios, "validation_error", key_type="browser")
+    spoof = event(device={"clientPlatform": "android", "userAgent": "u", "viewport": {"width": 1, "height": 1}})
+    assert "clientPlatform" not in stored(run(spoof))["device"]
+
+
+def test_native_urls_may_use_custom_schemes() -> None:
+    native = event(page={"url": "myapp://home", "path": "Home", "title": "Home"}, device={"clientPlatform": "ios"})
+    assert run(native, key_type="mobile").accepted
+
+
+def test_timestamp_override_edges() -> None:
+    assert "clientTimestamp" not in stored(run(event(timestamp=NOW - 300_000)))
+    moved = stored(run(event(timestamp=NOW - 300_001)))
+    assert (moved["timestamp"], moved["clientTimestamp"]) == (NOW, NOW - 300_001)
+    assert stored(run(event(timestamp=NOW + 400_000)))["timestamp"] == NOW
+
+
+def test_enrichment_fields() -> None:
+    row = stored(run(event()))
+    assert (row["eid"], row["clientId"], row["siteId"], row["receivedAt"]) == ("e1", "acme", "web", NOW)
+
+
+def test_content_hash_ignores_layout_and_server_override() -> None:
+    one = event(timestamp=NOW - 10_000_000)
+    a = prepare_batch(json.dumps(one).encode(), ctx()).accepted[0].content_hash
+    b = prepare_batch(json.dumps(one, indent=3, sort_keys=True).encode(), ctx(now_ms=NOW + 60_000)).accepted[0].content_hash
+    c = prepare_batch(json.dumps(event(timestamp=NOW - 10_000_001)).encode(), ctx()).accepted[0].content_hash
+    assert a == b and a != c and len(a) == 16
+
+
+def test_idempotency_rules() -> None:
+    bare = event()
+    del bare["_eid"]
+    error = refused({"events": [event("ok"), bare]}, "idempotency_required")
+    assert "1" in error.message
+    mapped = run({"events": [bare, event("own")]}, idempotency_key=" key-1 ")
+    assert [a.eid for a in mapped.accepted] == ["key-1/0", "own"]
+    refused(event(), "invalid_idempotency_key", idempotency_key="k" * 513)
+    assert run(bare, production=False).accepted[0].eid.startswith("dev_")
+
+
+def test_batch_shapes() -> None:
+    refused({"events": []}, "validation_error")
+    refused({"events": [event(str(i)) for i in range(26)]}, "validation_error")
+    refused({"events": "nope"}, "validation_error")
+    refused([event()], "validation_error")
+    assert len(run({"events": [event(str(i)) for i in range(25)]}).accepted) == 25
+
+
+def test_partial_and_total_failure() -> None:
+    partial = run({"events": [event("a"), event("b", visitorId="")]})
+    assert [a.eid for a in partial.accepted] == ["a"]
+    assert partial.rejected[0].index == 1 and partial.rejected[0].eid == "b"
+    error = refused({"events": [event("a", visitorId=""), event("b", timestamp=None)]}, "validation_error")
+    assert [e["index"] for e in error.extra["errors"]] == [0, 1]
+
+
+def test_invalid_json_utf8_and_nesting() -> None:
+    for body in (b"{", b"", b'{"visitorId": "\xff"}', b"[" * 10_000 + b"]" * 10_000):
+        with pytest.raises(ServiceError) as info:
+            prepare_batch(body, ctx())
+        assert info.value.code in {"invalid_json", "validation_error"}
+
+
+def test_event_over_120000_bytes() -> None:
+    values = {f"f{i}": "v" * 9_000 for i in range(14)}
+    refused(event(type="form", action="submit", formId="f", fieldCount=14, values=values), "batch_too_large")
+
+
+def test_consent_transition_never_carries_page_content() -> None:
+    bad = {"type": "_consent_transition", "_eid": "t", "visitorId": "v", "sessionId": "s",
+           "timestamp": NOW, "consent": {"analytics": True},
+           "page": {"url": "https://a.com/secret", "path": "/", "title": "Secret"}}
+    refused(bad, "validation_error")
+
+
+# -- payment data ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["4111 1111 1111 1111", "4111-1111-1111-1111", "pay with 378282246310005 now", "5555555555554444",
+     "6011111111111117"],
+)
+def test_cards_are_found(text: str) -> None:
+    refused(event(type="custom", name="x", label=text), "prohibited_payment_data")
+
+
+def test_card_fields_anywhere() -> None:
+    refused(event(type="form", action="submit", formId="f", fieldCount=1, values={"card_number": "x"}),
+            "prohibited_payment_data")
+    refused(event(extra={"deep": [{"CVV": "123"}]}), "prohibited_payment_data")
+    refused(event(extra={"cc-exp": 1228}), "prohibited_payment_data")
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["ORD-2024-000123", "+1 415 555 2671", "+44 7911 123456", "123e4567-e89b-12d3-a456-426614174000",
+     "a" * 64, "2026-11-22T10:00:00Z", "4111111111111112", "9111111111111111", "1795000000000",
+     "invoice INV4111111111111111", "1234 5678 9012 3456"],
+)
+def test_not_payment_data(text: str) -> None:
+    assert run(event(type="custom", name="x", label=text)).accepted
+
+
+def test_raw_fields_naming_card_fields_is_not_payment_data() -> None:
+    form = event(type="form", action="focus", formId="checkout", fieldCount=2,
+                 raw_fields='{"cc-number": "text", "cvv": "text"}')
+    assert run(form).accepted
+
+
+def test_card_as_json_number_is_not_a_string() -> None:
+    assert find_payment_data(b'{"n": 4111111111111111}', {"n": 4111111111111111}) is None
+    assert looks_like_card("4111111111111111") and not looks_like_card("1795000000000")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_detector_never_crashes(text: str) -> None:
+    body = msgspec.json.encode({"label": text})
+    find_payment_data(body, {"label": text})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300))
+def test_pipeline_only_raises_service_errors(body: bytes) -> None:
+    with contextlib.suppress(ServiceError):
+        prepare_batch(body, ctx())
+
+
+# -- bodies ------------------------------------------------------------------
+
+
+def test_gzip_round_trip_and_rules() -> None:
+    raw = json.dumps(event()).encode()
+    assert decompress_body(gzip.compress(raw), "gzip", "application/json; charset=utf-8") == raw
+    assert decompress_body(raw, None, None) == raw
+    with pytest.raises(RawErrorBody) as info:
+        decompress_body(gzip.compress(raw), "gzip", "text/plain")
+    assert info.value.body == {"error": "Content-Type must be application/json"}
+    with pytest.raises(ServiceError) as bad:
+        decompress_body(b"not gzip", "gzip", "application/json")
+    assert bad.value.code == "invalid_json"
+    with pytest.raises(ServiceError) as truncated:
+        decompress_body(gzip.compress(raw)[:-6], "gzip", "application/json")
+    assert truncated.value.code == "invalid_json"
+    with pytest.raises(ServiceError):
+        decompress_body(raw, "br", "application/json")
+
+
+def test_gzip_bomb_aborts() -> None:
+    bomb = gzip.compress(b"0" * (50 * 1024 * 1024))
+    assert len(bomb) < 100_000
+    with pytest.raises(ServiceError) as info:
+        decompress_body(bomb, "gzip", "application/json")
+    assert info.value.code == "payload_too_large"
