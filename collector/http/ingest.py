@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
+from collector.access.domains import gate
 from collector.access.gate import admit_writer
 from collector.access.signature import verify_server_signature
 from collector.access.tenants import KeyType
@@ -74,6 +75,7 @@ def make_ingest_handler(
         error_code: str | None = None
         try:
             if request.method == "OPTIONS":
+                preflight_gate(services, request)
                 await send_response(
                     send, 204, b"", [("X-Request-ID", request.request_id), *preflight_headers(origin)]
                 )
@@ -107,6 +109,20 @@ def make_ingest_handler(
             log_request(request, route, status, error_code, seen.client_id, started)
 
     return handle
+
+
+def preflight_gate(services: Services, request: Request) -> None:
+    """A preflight carries no X-API-Key; when the URL names a key, apply its domain gate.
+
+    Without a key the preflight is answered for any origin: the request that
+    follows is gated by its key, and the collector never uses cookies.
+    """
+    query_key = request.query.get("key")
+    if not query_key:
+        return
+    record = services.keys.lookup(query_key)
+    if record is not None:
+        gate(record, request.headers.get("origin"), request.headers.get("referer"))
 
 
 class Seen:

@@ -1,0 +1,148 @@
+"""Domain gate, site scope, CORS and request-rate buckets through the real server (issue 3)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from tests.conftest import BROWSER_KEY, MOBILE_KEY, RunningServer, pageview, start_server
+from tests.helpers import outbox_dump
+
+MULTI = "cs_live_multi0000000"
+SLOW = "cs_live_slow00000000"
+TENANTS = {
+    "keys": [
+        {"key": BROWSER_KEY, "clientId": "acme", "plan": "free", "rateLimit": 100,
+         "sites": [{"siteId": "web", "domains": ["acme.com"]}]},
+        {"key": MOBILE_KEY, "clientId": "acme", "plan": "free", "rateLimit": 50, "keyType": "mobile",
+         "sites": [{"siteId": "app"}]},
+        {"key": MULTI, "clientId": "multi", "plan": "paid", "rateLimit": 100,
+         "sites": [{"siteId": "main", "domains": ["multi.com"]},
+                   {"siteId": "shop", "domains": ["shop.example.co.uk"]}]},
+        {"key": SLOW, "clientId": "slow", "plan": "free", "rateLimit": 1,
+         "sites": [{"siteId": "web", "domains": ["slow.com"]}]},
+    ]
+}
+EXPOSED = {
+    "x-service-billing-period", "x-service-monthly-limit", "x-service-monthly-used",
+    "x-service-billing-mode", "x-service-budget-ceiling", "x-service-signals-coverage-period",
+    "x-service-signals-coverage-limit", "x-service-signals-coverage-used",
+    "x-service-signals-coverage-ceiling", "x-service-signals-coverage-mode",
+    "x-service-signals-coverage-reserved-units", "retry-after", "x-ratelimit-limit",
+    "x-ratelimit-burst-limit", "x-ratelimit-policy", "x-ratelimit-scope", "x-ratelimit-unit",
+    "x-ratelimit-remaining", "x-ratelimit-burst-remaining", "x-ratelimit-reset", "x-request-id",
+}
+
+
+async def post(server: RunningServer, key: str, eid: str, **headers: str):
+    return await server.client.post("/v1/events", json=pageview(eid), headers={"X-API-Key": key, **headers})
+
+
+async def test_domain_rules(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await start_server(nursery, tmp_path, TENANTS)
+    cases = [
+        ({"Origin": "https://acme.com"}, 202),
+        ({"Origin": "https://www.shop.acme.com"}, 202),
+        ({"Referer": "https://blog.acme.com/posts/1?x=y"}, 202),
+        ({"Origin": "https://evilacme.com"}, 403),
+        ({"Origin": "https://acme.com.evil.io"}, 403),
+        ({}, 403),
+        ({"Origin": "http://localhost:3000"}, 202),
+        ({"Origin": "http://127.0.0.1:8080"}, 202),
+        ({"Origin": "http://[::1]:5173"}, 202),
+    ]
+    for index, (headers, status) in enumerate(cases):
+        response = await post(server, BROWSER_KEY, f"d{index}", **headers)
+        assert response.status_code == status, (headers, response.text)
+    assert (await post(server, BROWSER_KEY, "x", Origin="https://evilacme.com")).json()["error"] == "domain_not_allowed"
+    assert (await post(server, BROWSER_KEY, "y")).json()["error"] == "origin_required"
+    stored = await outbox_dump(server.data_dir)
+    assert {row["siteId"] for row in stored} == {"web"}
+
+
+async def test_mobile_keys_skip_the_gate(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await start_server(nursery, tmp_path, TENANTS)
+    event = pageview("m", page={"path": "Home", "title": "Home"}, device={})
+    response = await server.client.post(
+        "/v1/events", json=event, headers={"X-API-Key": MOBILE_KEY, "Origin": "https://evil.com"}
+    )
+    assert response.status_code == 202, response.text
+
+
+async def test_site_scope_binds_and_refuses_ambiguity(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await start_server(nursery, tmp_path, TENANTS)
+    assert (await post(server, MULTI, "a", Origin="https://example.co.uk")).status_code == 202
+    assert (await post(server, MULTI, "b", Origin="https://multi.com")).status_code == 202
+    ambiguous = await post(server, MULTI, "c", Origin="http://localhost")
+    assert ambiguous.status_code == 403
+    assert ambiguous.json()["error"] == "site_scope_ambiguous"
+    edge = await server.client.post(
+        "/v1/edge/pageview",
+        json={"_eid": "e", "url": "http://localhost/", "visitorId": "v", "sessionId": "s"},
+        headers={"X-API-Key": MULTI, "Origin": "http://localhost"},
+    )
+    assert edge.json()["error"] == "site_scope_ambiguous"
+    assert [row["siteId"] for row in await outbox_dump(server.data_dir)] == ["shop", "main"]
+
+
+async def test_cors_preflight_and_exposed_headers(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await start_server(nursery, tmp_path, TENANTS)
+    preflight = await server.client.options(
+        "/v1/events",
+        headers={"Origin": "https://acme.com", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "content-type,x-api-key,idempotency-key"},
+    )
+    assert preflight.status_code == 204
+    assert preflight.headers["Access-Control-Allow-Origin"] == "https://acme.com"
+    assert "POST" in preflight.headers["Access-Control-Allow-Methods"]
+    allowed = preflight.headers["Access-Control-Allow-Headers"].lower()
+    assert {"content-type", "x-api-key", "idempotency-key", "content-encoding"} <= set(allowed.split(", "))
+    refused = await server.client.options(
+        f"/v1/events?key={BROWSER_KEY}", headers={"Origin": "https://evilacme.com"}
+    )
+    assert refused.status_code == 403
+    assert "Access-Control-Allow-Methods" not in refused.headers
+
+    response = await post(server, BROWSER_KEY, "c1", Origin="https://acme.com")
+    assert response.headers["Access-Control-Allow-Origin"] == "https://acme.com"
+    exposed = {h.strip().lower() for h in response.headers["Access-Control-Expose-Headers"].split(",")}
+    assert exposed == EXPOSED
+    assert "x-service-budget-type" not in exposed
+    for name in ("X-Service-Billing-Period", "X-Service-Signals-Coverage-Mode", "X-RateLimit-Reset"):
+        assert name in response.headers
+
+
+async def test_send_beacon_with_key_in_query(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await start_server(nursery, tmp_path, TENANTS)
+    import json
+
+    response = await server.client.post(
+        f"/v1/events?key={BROWSER_KEY}",
+        content=json.dumps(pageview("beacon")),
+        headers={"Content-Type": "text/plain;charset=UTF-8", "Origin": "https://acme.com"},
+    )
+    assert response.status_code == 202, response.text
+
+
+async def test_rate_bucket_runs_out(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await start_server(nursery, tmp_path, TENANTS)
+    server.clock.fixed = 1_800_000_000.0  # the start of a minute window
+    statuses = []
+    last = None
+    for n in range(121):
+        last = await post(server, SLOW, f"r{n}", Origin="https://slow.com")
+        statuses.append(last.status_code)
+    assert statuses[:120] == [202] * 120
+    assert statuses[120] == 429
+    assert last is not None
+    body = last.json()
+    assert body["error"] == "rate_limit_exceeded" and body["retryAfter"] == 60
+    assert last.headers["Retry-After"] == "60"
+    assert last.headers["X-RateLimit-Remaining"] == "0"
+    assert last.headers["X-RateLimit-Burst-Remaining"] == "0"
+    assert last.headers["X-RateLimit-Policy"] == "60;w=60;burst=2"
+    assert last.headers["X-RateLimit-Scope"] == "ingest"
+    assert len(await outbox_dump(server.data_dir)) == 120
+    server.clock.fixed += 60
+    assert (await post(server, SLOW, "next", Origin="https://slow.com")).status_code == 202

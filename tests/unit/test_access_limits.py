@@ -1,0 +1,218 @@
+"""Signature, scopes, domain gate, rates and buckets: the pure access and limit rules."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+import msgspec
+import pytest
+
+from collector.access.domains import bind_site, gate, is_loopback, request_host
+from collector.access.scopes import require_scope
+from collector.access.signature import sign, verify_server_signature
+from collector.access.tenants import KeyRecord, Plan
+from collector.errors import ServiceError
+from collector.limits.buckets import RateLimiter, rate_headers, refusal
+from collector.limits.rates import bucket_id, scope_rate
+
+
+def key(**fields: object) -> KeyRecord:
+    return msgspec.convert({"key": "cs_live_x0000000", "clientId": "acme", **fields}, KeyRecord)
+
+
+def code_of(call, *args, **kwargs) -> str:  # type: ignore[no-untyped-def]
+    with pytest.raises(ServiceError) as info:
+        call(*args, **kwargs)
+    return info.value.code
+
+
+# -- signature (spec 5.2) -------------------------------------------------------
+
+
+def test_signature_is_byte_exact() -> None:
+    body = b'{"type":"custom"}'
+    expected = hmac.new(
+        b"cs_srv_live_k", b"v1\n1700000000\nPOST\n/v1/events\nidem-1\n" + body, hashlib.sha256
+    ).hexdigest()
+    assert sign("cs_srv_live_k", "1700000000", "  idem-1 ", body) == "v1=" + expected
+    unkeyed = hmac.new(b"k", b"v1\n1\nPOST\n/v1/events\n\n", hashlib.sha256).hexdigest()
+    assert sign("k", "1", None, b"") == "v1=" + unkeyed
+
+
+def test_signature_errors() -> None:
+    body = b"{}"
+    good = sign("k", "1000", None, body)
+    base = {"api_key": "k", "timestamp": "1000", "signature": good, "idempotency_key": None, "body": body}
+    verify_server_signature(**base, now_s=1000 + 300)
+    assert code_of(verify_server_signature, **{**base, "signature": None}, now_s=1000) == "server_signature_required"
+    assert code_of(verify_server_signature, **base, now_s=1000 + 301) == "server_signature_expired"
+    assert code_of(verify_server_signature, **{**base, "timestamp": "1e3"}, now_s=1000) == "invalid_server_signature"
+    assert code_of(verify_server_signature, **{**base, "signature": good.upper()}, now_s=1000) == "invalid_server_signature"
+    assert code_of(verify_server_signature, **{**base, "body": b"{ }"}, now_s=1000) == "invalid_server_signature"
+    with pytest.raises(ServiceError) as info:
+        verify_server_signature(**{**base, "timestamp": ""}, now_s=1000)
+    assert info.value.headers["WWW-Authenticate"] == 'Service-HMAC realm="events", version=v1'
+
+
+# -- scopes (spec 5.3) ------------------------------------------------------------
+
+
+def test_scopes() -> None:
+    require_scope(key(), "events:write", error_code="insufficient_permission")
+    require_scope(key(permissions=["events:write"]), "events:write", error_code="insufficient_permission")
+    assert code_of(require_scope, key(permissions=["events:read"]), "events:write",
+                   error_code="insufficient_permission") == "insufficient_permission"
+
+
+# -- domain gate (spec 5.5) -----------------------------------------------------------
+
+ACME = key(sites=[{"siteId": "web", "domains": ["acme.com"]}])
+
+
+@pytest.mark.parametrize(
+    ("origin", "referer", "host"),
+    [
+        ("https://acme.com", None, "acme.com"),
+        ("https://ACME.com:8443", None, "acme.com"),
+        (None, "https://www.acme.com/pricing?x=1", "www.acme.com"),
+        ("null", "https://acme.com/", "acme.com"),
+        ("http://[::1]:3000", None, "::1"),
+        (None, None, None),
+    ],
+)
+def test_request_host(origin: str | None, referer: str | None, host: str | None) -> None:
+    assert request_host(origin, referer) == host
+
+
+def test_loopback_hosts() -> None:
+    assert all(map(is_loopback, ["localhost", "app.localhost", "127.0.0.1", "127.9.9.9", "::1"]))
+    assert not any(map(is_loopback, ["localhost.evil.com", "10.0.0.1", "acme.com"]))
+
+
+def test_domain_covers_subdomains_with_a_dot_boundary() -> None:
+    assert gate(ACME, "https://acme.com", None).siteId == "web"
+    assert gate(ACME, "https://shop.eu.acme.com", None).siteId == "web"
+    assert code_of(gate, ACME, "https://evilacme.com", None) == "domain_not_allowed"
+    assert code_of(gate, ACME, "https://acme.com.evil.net", None) == "domain_not_allowed"
+    assert code_of(gate, ACME, None, None) == "origin_required"
+    assert gate(ACME, None, "https://acme.com/a/b") is not None
+
+
+def test_wildcard_prefix_is_stripped_and_adds_nothing() -> None:
+    wild = key(sites=[{"siteId": "w", "domains": ["*.acme.com"]}])
+    assert gate(wild, "https://acme.com", None).siteId == "w"
+    assert gate(wild, "https://a.acme.com", None).siteId == "w"
+
+
+def test_subdomain_registration_follows_the_root_domain() -> None:
+    shop = key(sites=[{"siteId": "s", "domains": ["shop.example.co.uk"]}])
+    assert gate(shop, "https://example.co.uk", None).siteId == "s"
+    assert gate(shop, "https://blog.example.co.uk", None).siteId == "s"
+    assert code_of(gate, shop, "https://other.co.uk", None) == "domain_not_allowed"
+    assert code_of(gate, shop, "https://co.uk", None) == "domain_not_allowed"
+
+
+def test_loopback_passes_the_gate() -> None:
+    assert gate(ACME, "http://localhost:3000", None) is None
+    assert gate(ACME, "http://[::1]:8080", None) is None
+
+
+def test_native_keys_skip_the_gate() -> None:
+    mobile = key(keyType="mobile", sites=[{"siteId": "app"}])
+    assert gate(mobile, None, None).siteId == "app"
+    assert gate(mobile, "https://evil.com", None).siteId == "app"
+
+
+def test_site_scope() -> None:
+    multi = key(sites=[
+        {"siteId": "main", "domains": ["acme.com"]},
+        {"siteId": "shop", "domains": ["shop.acme.com"]},
+        {"siteId": "blog", "domains": ["acmeblog.org"]},
+    ])
+    assert gate(multi, "https://shop.acme.com", None).siteId == "shop"  # most specific wins
+    assert gate(multi, "https://www.acme.com", None).siteId == "main"
+    assert code_of(bind_site, multi, gate(multi, "http://localhost", None)) == "site_scope_ambiguous"
+    assert bind_site(ACME, None).siteId == "web"
+    assert bind_site(key(), None).siteId == "default"
+
+
+# -- rates (spec 8.2) ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "scope", "site_plan", "rate"),
+    [
+        ({"plan": "free", "rateLimit": 1000}, "ingest", Plan.FREE, 100),
+        ({"plan": "paid", "rateLimit": 10_000}, "ingest", Plan.PAID, 5_000),
+        ({"plan": "free", "keyType": "mobile", "rateLimit": 1000}, "mobile:ingest", Plan.FREE, 50),
+        ({"plan": "paid", "keyType": "mobile", "rateLimit": 10_000}, "mobile:ingest", Plan.PAID, 2_500),
+        ({"plan": "paid", "keyType": "server", "rateLimit": 10_000}, "ingest", Plan.PAID, 2_500),
+        ({"plan": "paid"}, "ingest", Plan.PAID, 50),
+        ({"plan": "paid", "rateLimit": 1}, "ingest", Plan.PAID, 1),
+        ({"plan": "paid", "rateLimit": 5000}, "signals-read", Plan.FREE, 10),
+        ({"plan": "free", "rateLimit": 5000}, "signals-read", Plan.PAID, 100 * 50),
+    ],
+)
+def test_scope_rates(fields: dict[str, object], scope: str, site_plan: Plan, rate: float) -> None:
+    assert scope_rate(key(**fields), scope, site_plan) == min(rate, fields.get("rateLimit", 50))  # type: ignore[type-var]
+
+
+def test_bucket_ids_are_shared_by_type_and_scope() -> None:
+    assert bucket_id("acme", "browser", "ingest") == "acme:browser:ingest"
+
+
+# -- buckets ------------------------------------------------------------------------------
+
+
+def test_bucket_edges_for_rate_1() -> None:
+    limiter = RateLimiter()
+    decisions = [limiter.check("b", 1, 600.0 + i * 0.1) for i in range(121)]
+    assert all(d.allowed for d in decisions[:120])
+    first = decisions[0]
+    assert (first.limit, first.burst_limit, first.remaining, first.burst_remaining) == (60, 120, 59, 119)
+    assert decisions[59].remaining == 0 and decisions[60].allowed  # the burst allowance
+    refused = decisions[120]
+    assert not refused.allowed
+    assert (refused.remaining, refused.burst_remaining, refused.reset) == (0, 0, 660)
+    assert refused.retry_after == 48  # 660 - 612.0
+    # next window: the previous one took 2x, so only the plain minute limit is left
+    nxt = [limiter.check("b", 1, 660.0 + i * 0.01) for i in range(61)]
+    assert all(d.allowed for d in nxt[:60]) and not nxt[60].allowed
+    # after a quiet minute the burst is available again
+    later = [limiter.check("b", 1, 780.0) for _ in range(121)]
+    assert sum(d.allowed for d in later) == 120
+
+
+def test_retry_after_is_at_least_one_second() -> None:
+    limiter = RateLimiter()
+    for _ in range(120):
+        limiter.check("x", 1, 659.5)
+    assert limiter.check("x", 1, 659.9).retry_after == 1
+
+
+def test_buckets_are_separate_and_idle_ones_evicted() -> None:
+    limiter = RateLimiter(shards=1, sweep_above=10)
+    for n in range(10):
+        limiter.check(f"k{n}", 1, 0.0)
+    assert limiter.statistics().buckets == 10
+    limiter.check("new", 1, 200.0)  # windows 0 is two windows old now
+    assert limiter.statistics().buckets == 1
+
+
+def test_rate_headers_and_refusal() -> None:
+    limiter = RateLimiter()
+    decision = limiter.check("h", 100, 0.0)
+    headers = dict(rate_headers(decision, "mobile:ingest"))
+    assert headers["X-RateLimit-Limit"] == "6000"
+    assert headers["X-RateLimit-Burst-Limit"] == "12000"
+    assert headers["X-RateLimit-Policy"] == "6000;w=60;burst=2"
+    assert headers["X-RateLimit-Scope"] == "ingest"
+    assert headers["X-RateLimit-Unit"] == "requests"
+    assert "Retry-After" not in headers
+    for _ in range(12_000):
+        limiter.check("h", 100, 1.0)
+    refused = limiter.check("h", 100, 1.0)
+    error = refusal(refused, "ingest")
+    assert error.code == "rate_limit_exceeded" and error.extra["retryAfter"] == 59
+    assert dict(rate_headers(refused, "ingest"))["Retry-After"] == "59"
