@@ -85,8 +85,12 @@ class Admission:
         duplicate = [False] * count
         first_in_batch: dict[bytes, int] = {}
         new: list[int] = []
+        keys = [idempotency.ledger_key(self.client_id, cand.eid) for cand in self.candidates]
+        # One C call for every lookup: py-lmdb releases the GIL per call, and
+        # each reacquisition waits on the busy event loop.
+        known = dict(txn.cursor(db=dbs.idempotency).getmulti(keys))
         for index, cand in enumerate(self.candidates):
-            key = idempotency.ledger_key(self.client_id, cand.eid)
+            key = keys[index]
             earlier = first_in_batch.get(key)
             if earlier is not None:
                 if self.candidates[earlier].content_hash != cand.content_hash:
@@ -94,7 +98,7 @@ class Admission:
                 duplicate[index] = True
                 continue
             first_in_batch[key] = index
-            raw = txn.get(key, db=dbs.idempotency)
+            raw = known.get(key)
             if raw is not None:
                 record = idempotency.decode(raw)
                 if idempotency.live(record, now_ms, self.window_ms):
@@ -113,9 +117,9 @@ class Admission:
         counter_keys = {
             unit: counters.counter_key(self.account, self.period, unit) for unit in self.units
         }
+        stored_counts = dict(txn.cursor(db=dbs.counters).getmulti(list(counter_keys.values())))
         used = {
-            unit: counters.decode_value(txn.get(ck, db=dbs.counters))
-            for unit, ck in counter_keys.items()
+            unit: counters.decode_value(stored_counts.get(ck)) for unit, ck in counter_keys.items()
         }
         usage = self.budget(used, added)  # raises JobRefused on a billing stop
 
@@ -158,13 +162,13 @@ class Admission:
             # GIL on each call, which is slow while the event loop is busy.
             txn.cursor(db=dbs.outbox).putmulti(outbox_rows, append=True)
             txn.cursor(db=dbs.idempotency).putmulti(ledger_rows)
-            for unit, amount in added.items():
-                if amount:
-                    txn.put(
-                        counter_keys[unit],
-                        counters.encode_value(used[unit] + amount),
-                        db=dbs.counters,
-                    )
+            txn.cursor(db=dbs.counters).putmulti(
+                [
+                    (counter_keys[unit], counters.encode_value(used[unit] + amount))
+                    for unit, amount in added.items()
+                    if amount
+                ]
+            )
         # In-batch duplicates take the receipt of the first occurrence.
         for index, cand in enumerate(self.candidates):
             if receipts[index] is None:

@@ -1,0 +1,54 @@
+-- Every request gets fresh event ids: @ID@ in the body template becomes a
+-- per-thread random prefix plus a counter. Optional: a key per request from
+-- a pool (mixed-tenants), read from keys.txt.
+local template, keys, counter, prefix = nil, nil, 0, nil
+local headers = {}
+
+function init(args)
+  local f = io.open(args[1], "rb"); template = f:read("*a"); f:close()
+  wrk.method = "POST"
+  headers["Content-Type"] = "application/json"
+  headers["Origin"] = args[3] or "https://bench.example"
+  if args[2] and args[2] ~= "" then headers["X-API-Key"] = args[2] end
+  if args[4] and args[4] ~= "" then
+    keys = {}
+    for line in io.lines(args[4]) do keys[#keys + 1] = line end
+  end
+  if args[5] == "static" then template_static = true end
+  if args[5] == "gzpool" then
+    -- a pool of pre-gzipped bodies with unique ids: "<length>\n<bytes>" records
+    pool = {}
+    local f = io.open(args[1], "rb"); local data = f:read("*a"); f:close()
+    local pos = 1
+    while pos <= #data do
+      local nl = data:find("\n", pos, true)
+      local len = tonumber(data:sub(pos, nl - 1))
+      pool[#pool + 1] = data:sub(nl + 1, nl + len)
+      pos = nl + len + 1
+    end
+    headers["Content-Encoding"] = "gzip"
+  end
+  math.randomseed(os.time() + math.floor(os.clock() * 1e6))
+  prefix = string.format("%x%x", math.random(0, 0xffffff), math.random(0, 0xffffff))
+end
+
+function request()
+  counter = counter + 1
+  if keys then headers["X-API-Key"] = keys[(counter % #keys) + 1] end
+  local body = template
+  if pool then
+    body = pool[(counter % #pool) + 1]
+  elseif not template_static then
+    body = template:gsub("@ID@", prefix .. "-" .. counter)
+  end
+  return wrk.format(nil, nil, headers, body)
+end
+
+function done(summary, latency, requests)
+  io.write(string.format(
+    'BENCH_JSON {"requests":%d,"duration_us":%d,"non2xx":%d,"socket_errors":%d,' ..
+    '"p50_us":%d,"p99_us":%d,"p999_us":%d,"max_us":%d}\n',
+    summary.requests, summary.duration, summary.errors.status,
+    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
+    latency:percentile(50), latency:percentile(99), latency:percentile(99.9), latency.max))
+end

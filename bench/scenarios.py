@@ -1,0 +1,146 @@
+"""Named scenarios: each starts a fresh collector, warms up, then measures with wrk."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bench import bodies
+from bench.server import Collector
+
+LUA = Path(__file__).parent / "lua" / "fresh_ids.lua"
+BENCH_KEY = "cs_live_bench00000000"
+SLOW_KEY = "cs_live_benchslow0000"
+ORIGIN = "https://bench.example"
+BIG = 1_000_000_000
+CONTRACT = {"monthlyPageviews": BIG, "signalsCoverage": BIG, "pageviewCeiling": BIG, "coverageCeiling": BIG}
+
+
+@dataclass
+class Result:
+    scenario: str
+    connections: int
+    requests_per_s: float
+    events_per_s: float
+    p50_ms: float
+    p99_ms: float
+    p999_ms: float
+    cpu_s_per_1000_events: float
+    cpu_ms_per_request: float
+    peak_rss_mb: float
+    group_commit_size: float
+    non2xx: int
+    socket_errors: int
+    events_per_request: int
+    note: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def tenant(key: str, client: str, rate: float, plan: str = "paid") -> dict[str, object]:
+    return {"key": key, "clientId": client, "plan": plan, "rateLimit": rate,
+            "sites": [{"siteId": "web", "domains": ["bench.example"]}], "contract": CONTRACT}
+
+
+def write_tenants(workdir: Path, extra_keys: int = 0) -> tuple[Path, Path | None]:
+    keys = [tenant(BENCH_KEY, "bench", 1_000_000), tenant(SLOW_KEY, "slow", 1, plan="free")]
+    key_file = None
+    if extra_keys:
+        names = [f"cs_live_mix{n:012d}" for n in range(extra_keys)]
+        keys += [tenant(name, f"mix{n}", 1_000_000) for n, name in enumerate(names)]
+        key_file = workdir / "keys.txt"
+        key_file.write_text("\n".join(names) + "\n")
+    path = workdir / "tenants.json"
+    path.write_text(json.dumps({"keys": keys}))
+    return path, key_file
+
+
+def run_wrk(wrk: str, url: str, body: Path, seconds: float, connections: int, *,
+            key: str = BENCH_KEY, mode: str = "fresh", key_file: Path | None = None) -> dict[str, float]:
+    argv = [wrk, "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "10s",
+            "-s", str(LUA), url, "--", str(body), key, ORIGIN, str(key_file or ""), mode]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    match = re.search(r"BENCH_JSON (\{.*\})", out)
+    if not match:
+        raise RuntimeError(f"wrk printed no summary:\n{out}")
+    return json.loads(match.group(1))
+
+
+def gzip_pool(workdir: Path, count: int) -> Path:
+    template = bodies.batch(25).decode()
+    path = workdir / "gzpool.bin"
+    with path.open("wb") as out:
+        for n in range(count):
+            blob = gzip.compress(template.replace("@ID@", f"gz{n}").encode(), 6)
+            out.write(f"{len(blob)}\n".encode() + blob)
+    return path
+
+
+SCENARIOS = ("baseline", "single", "batch25", "batch25-gzip", "replay", "mixed-tenants", "over-limit")
+
+
+def run_scenario(name: str, wrk: str, *, seconds: float, warmup: float, connections: int) -> Result:
+    with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
+        workdir = Path(tmp)
+        tenants, key_file = write_tenants(workdir, 10_000 if name == "mixed-tenants" else 0)
+        size = 1 if name == "single" else 25
+        body = workdir / "body.json"
+        body.write_bytes(bodies.batch(size))
+        path, key, mode, note = "/v1/events", BENCH_KEY, "fresh", ""
+        if name == "baseline":
+            path = "/_bench/noop"
+        elif name == "batch25-gzip":
+            body, mode = gzip_pool(workdir, 20_000), "gzpool"
+            note = "pool of 20,000 gzipped bodies; ids repeat after that"
+        elif name == "replay":
+            mode = "static"
+            body.write_bytes(body.read_bytes().replace(b"@ID@", b"replayed"))
+        elif name == "over-limit":
+            key = SLOW_KEY
+            note = "rateLimit 1: all but the first 120 requests are 429"
+        server = Collector(workdir, tenants)
+        try:
+            url = server.url + path
+            if name == "replay":  # store the batch once, so every measured request is a duplicate
+                import httpx
+
+                httpx.post(url, content=body.read_bytes(),
+                           headers={"X-API-Key": key, "Origin": ORIGIN, "Content-Type": "application/json"})
+            if warmup:
+                run_wrk(wrk, url, body, warmup, connections, key=key, mode=mode, key_file=key_file)
+            cpu0, (jobs0, txns0) = server.cpu_seconds(), server.writer_counts()
+            started = time.monotonic()
+            stats = run_wrk(wrk, url, body, seconds, connections, key=key, mode=mode, key_file=key_file)
+            cpu = server.cpu_seconds() - cpu0
+            jobs1, txns1 = server.writer_counts()
+            elapsed = stats["duration_us"] / 1e6 or (time.monotonic() - started)
+            requests = stats["requests"]
+            # only answered-2xx requests carried stored (or duplicate) events
+            events = (requests - stats["non2xx"]) * size if path != "/_bench/noop" else 0
+            rps = requests / elapsed
+            return Result(
+                scenario=name,
+                connections=connections,
+                requests_per_s=round(rps, 1),
+                events_per_s=round(events / elapsed, 1),
+                p50_ms=stats["p50_us"] / 1000,
+                p99_ms=stats["p99_us"] / 1000,
+                p999_ms=stats["p999_us"] / 1000,
+                cpu_s_per_1000_events=round(cpu / events * 1000, 4) if events else 0.0,
+                cpu_ms_per_request=round(cpu / requests * 1000, 3) if requests else 0.0,
+                peak_rss_mb=round(server.peak_rss_bytes() / 2**20, 1),
+                group_commit_size=round((jobs1 - jobs0) / (txns1 - txns0), 1) if txns1 > txns0 else 0.0,
+                non2xx=int(stats["non2xx"]),
+                socket_errors=int(stats["socket_errors"]),
+                events_per_request=size,
+                note=note,
+            )
+        finally:
+            server.stop()
