@@ -28,10 +28,12 @@ from collector.http.ingest import make_ingest_handler
 from collector.http.ops import register_ops_routes
 from collector.http.router import Router
 from collector.limits.buckets import RateLimiter
+from collector.limits.usage import billing_period
 from collector.metrics import Metrics, gauge
 from collector.services import Services, wall_clock
 from collector.settings import Settings
 from collector.tenants_admin import import_tenants
+from storage.counters import iter_counters
 from storage.env import Storage
 from storage.outbox import last_seq
 from storage.writer import GroupCommitWriter
@@ -85,10 +87,25 @@ def _component_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
     yield gauge("collector_lmdb_map_size_bytes", "LMDB map size", map_size)
     yield gauge("collector_lmdb_used_bytes", "LMDB pages in use", used)
     yield gauge("collector_outbox_last_seq", "Sequence number of the newest outbox entry", last_seq(services.storage))
+    yield from _meter_gauges(services)
     cache = services.keys.statistics()
     yield gauge("collector_key_cache_entries", "Key records cached", cache.entries)
     limiter = services.limiter.statistics()
     yield gauge("collector_rate_buckets", "Request-rate buckets held in memory", limiter.buckets)
+
+
+def _meter_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
+    """Units used this month per billing account and unit kind."""
+    period = billing_period(services.now_ms())
+    used = GaugeMetricFamily(
+        "collector_meter_used_units",
+        "Monthly units used, by billing account and unit (pageview, coverage)",
+        labels=["account", "unit", "period"],
+    )
+    for account, counter_period, unit, value in iter_counters(services.storage):
+        if counter_period == period:
+            used.add_metric([account, unit, period], value)
+    yield used
 
 
 def build_asgi(services: Services) -> Router:

@@ -30,6 +30,12 @@ class Conflict(msgspec.Struct, frozen=True):
     index: int
 
 
+class MeteringUnavailable(msgspec.Struct, frozen=True):
+    """A usage counter could not be read (503 usage_metering_unavailable)."""
+
+    key: str
+
+
 class AdmissionResult(msgspec.Struct, frozen=True):
     receipt_ids: list[str]  # per candidate, the original receipt for duplicates
     duplicate: list[bool]
@@ -118,9 +124,13 @@ class Admission:
             unit: counters.counter_key(self.account, self.period, unit) for unit in self.units
         }
         stored_counts = dict(txn.cursor(db=dbs.counters).getmulti(list(counter_keys.values())))
-        used = {
-            unit: counters.decode_value(stored_counts.get(ck)) for unit, ck in counter_keys.items()
-        }
+        used: dict[str, int] = {}
+        for unit, ck in counter_keys.items():
+            raw_count = stored_counts.get(ck)
+            if raw_count is not None and len(raw_count) != 8:
+                # A counter we cannot read must not be guessed at: refuse, nothing accepted.
+                raise JobRefused(MeteringUnavailable(bytes(ck).decode(errors="replace")))
+            used[unit] = counters.decode_value(raw_count)
         usage = self.budget(used, added)  # raises JobRefused on a billing stop
 
         # Decided: from here on, only writes.

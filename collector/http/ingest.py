@@ -46,7 +46,13 @@ from collector.limits.usage import (
 )
 from collector.services import Services
 from storage import counters
-from storage.admission import Admission, AdmissionResult, Candidate, Conflict
+from storage.admission import (
+    Admission,
+    AdmissionResult,
+    Candidate,
+    Conflict,
+    MeteringUnavailable,
+)
 from storage.errors import StorageError, WriterBusy
 from storage.idempotency import public_ledger_key
 from storage.writer import JobRefused
@@ -270,6 +276,11 @@ async def _admit(
                 f"event id {reason.eid!r} was already used with different content",
                 eid=reason.eid,
                 index=prepared.accepted[reason.index].index,
+            ) from None
+        if isinstance(reason, MeteringUnavailable):
+            raise ServiceError(
+                "usage_metering_unavailable",
+                "usage counters could not be read; nothing was accepted, retry the same ids",
             ) from None
         if isinstance(reason, UsageRefusal):
             raise ServiceError(

@@ -171,3 +171,15 @@ async def test_full_queue_refuses_at_once(tmp_path: Path) -> None:
         with pytest.raises(WriterBusy):
             await writer.submit(admission(["q2"]))
         nursery.cancel_scope.cancel()
+
+
+def test_unreadable_counter_refuses_with_metering_unavailable(tmp_path: Path) -> None:
+    from storage.admission import MeteringUnavailable
+
+    storage = Storage(tmp_path)
+    with storage.env.begin(write=True) as txn:
+        txn.put(counters.counter_key("acme", "2026-11", "pageview"), b"\x01", db=storage.dbs.counters)
+    with pytest.raises(JobRefused) as refused:
+        run_job_now(storage, admission(["a"]))
+    assert isinstance(refused.value.reason, MeteringUnavailable)
+    assert outbox.last_seq(storage) == 0

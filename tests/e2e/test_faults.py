@@ -1,0 +1,95 @@
+"""Storage faults and back-pressure through the real server: 503 with nothing half-stored."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from tests.conftest import BROWSER_KEY, MOBILE_KEY, pageview, start_server
+from tests.helpers import outbox_dump, run_cli
+
+H = {"X-API-Key": BROWSER_KEY, "Origin": "https://acme.com"}
+
+
+async def test_full_storage_answers_503_and_keeps_serving(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await start_server(nursery, tmp_path, map_size_mb=1, max_map_size_mb=1)
+    acknowledged = 0
+    big_label = "x" * 4000
+    statuses = []
+    for batch in range(120):
+        events = [pageview(f"b{batch}-{i}", type="custom", name="n", label=big_label) for i in range(25)]
+        response = await server.client.post("/v1/events", json={"events": events}, headers=H)
+        statuses.append(response.status_code)
+        if response.status_code == 202:
+            acknowledged += response.json()["accepted"]
+        else:
+            assert response.status_code == 503
+            assert response.json()["error"] == "storage_unavailable"
+            assert response.headers["Retry-After"]
+            break
+    assert statuses[-1] == 503, "the 1 MB map never filled"
+    assert (await server.client.get("/healthz")).status_code == 200
+    stored = await outbox_dump(server.data_dir)
+    assert len(stored) == acknowledged  # whole batches only, nothing half-stored
+    # a small batch that fits still goes through: the process keeps serving
+    small = await server.client.post("/v1/events", json=pageview("tiny"), headers=H)
+    assert small.status_code in (202, 503)
+
+
+async def test_full_writer_queue_refuses_at_once(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await start_server(nursery, tmp_path, writer_max_queue=1)
+    statuses: list[int] = []
+
+    async def one(n: int) -> None:
+        response = await server.client.post(
+            "/v1/events", json={"events": [pageview(f"q{n}-{i}") for i in range(25)]}, headers=H
+        )
+        statuses.append(response.status_code)
+        if response.status_code == 503:
+            assert response.json()["error"] == "storage_unavailable"
+            assert response.headers["Retry-After"] == "1"
+
+    async with trio.open_nursery() as many:
+        for n in range(40):
+            many.start_soon(one, n)
+    assert 202 in statuses and 503 in statuses
+    assert set(statuses) <= {202, 503}
+    assert len(await outbox_dump(server.data_dir)) == 25 * statuses.count(202)
+
+
+async def test_revocation_reaches_the_server_through_its_cache(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await start_server(nursery, tmp_path, key_cache_ttl=0, key_negative_ttl=0)
+    event = pageview("m1", page={"path": "Home", "title": "Home"}, device={})
+    headers = {"X-API-Key": MOBILE_KEY}
+    assert (await server.client.post("/v1/events", json=event, headers=headers)).status_code == 202
+    new_key = run_cli("keys", "rotate", MOBILE_KEY, data_dir=server.data_dir).stdout.strip()
+    old = await server.client.post("/v1/events", json=event, headers=headers)
+    assert old.status_code == 401 and old.json()["error"] == "invalid_api_key"
+    fresh = await server.client.post("/v1/events", json=event, headers={"X-API-Key": new_key})
+    assert fresh.status_code == 202 and fresh.json()["duplicates"] == 1
+
+
+async def test_metrics_show_group_commit_and_meters(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await start_server(nursery, tmp_path)
+
+    async def one(n: int) -> None:
+        await server.client.post("/v1/events", json=pageview(f"g{n}"), headers=H)
+
+    async with trio.open_nursery() as many:
+        for n in range(50):
+            many.start_soon(one, n)
+    text = (await server.client.get("/metrics")).text
+    values = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert values["collector_writer_requests_committed"] == 50
+    assert values["collector_writer_transactions"] < 50
+    assert values['collector_events_total{outcome="accepted"}'] == 50
+    assert any(
+        k.startswith('collector_meter_used_units{account="acme"') and 'unit="pageview"' in k and v == 50
+        for k, v in values.items()
+    )
+    assert 'collector_requests_total{route="/v1/events",status="202"} 50.0' in text
