@@ -24,22 +24,18 @@ def _envelope(kind: str, index: int, now_ms: int, origin: str) -> dict[str, obje
         "sessionId": "s_c9f0f895fb98ab9159f51fd0297e236d",
         "timestamp": now_ms,
         "page": {
-            "url": f"https://{origin}/products/trail-running-shoes?utm_source=newsletter&utm_medium=email",
+            "url": f"https://{origin}/products/trail-running-shoes?utm_source=mail",
             "path": "/products/trail-running-shoes",
             "title": "Trail running shoes | Bench Outfitters",
-            "referrer": "https://www.google.com/",
         },
         "device": {
             "userAgent": UA,
             "viewport": {"width": 1440, "height": 900},
-            "screen": {"width": 2560, "height": 1440},
             "timezone": "Europe/Berlin",
             "language": "de-DE",
             "platform": "MacIntel",
             "pixelRatio": 2,
-            "connectionType": "wifi",
         },
-        "consent": {"analytics": True, "identityResolution": True},
     }
 
 
@@ -64,7 +60,8 @@ def event(index: int, now_ms: int, origin: str = "bench.example") -> dict[str, o
     elif kind == "identify":
         base["hem"] = hashlib.sha256(b"runner@example.com").hexdigest()
     else:
-        base = {k: base[k] for k in ("type", "_eid", "visitorId", "sessionId", "timestamp", "consent")}
+        base = {k: base[k] for k in ("type", "_eid", "visitorId", "sessionId", "timestamp")}
+        base["consent"] = {"analytics": False, "identityResolution": False}
     return base
 
 

@@ -51,31 +51,25 @@ _CARD_FIELD_NAMES = frozenset(
         "cardexpmonth", "cardexpyear",
     }
 )  # fmt: skip
-# A cheap pre-filter: any of these tokens in the lower-cased body means the
-# decoded body is walked. Plain substring tests are C-speed; an alternation
-# regex over the whole body cost ~0.6 ms per 6 KB.
-_KEY_HINTS = (b"card", b"cvv", b"cvc", b"csc", b"ccnum", b"cc-", b"cc_", b"ccexp", b"exp",
-              b"securitycode", b"security", b'"pan"', b'"cid"')  # fmt: skip
+# A cheap pre-filter over the lower-cased body: every card field name starts
+# (after separators) with one of these, right after a JSON quote. One regex
+# anchored on the quote is ~3x cheaper than a dozen substring scans.
+_KEY_HINT = re.compile(rb'"[-_ .]*(?:card|cc|credit|debit|pan|cv[vc]|csc|cid|security|exp)')
 
 
-# Digits, spaces and dashes become "0", everything else "x": a run of twelve
-# "0"s is then found by bytes.find at C speed, and the (slow) regex only runs
-# on the few short regions around such runs.
+# Digits, spaces and dashes become "0", everything else "x": runs of twelve
+# "0"s are then found by a trivial regex at C speed, and the (slower) card
+# regex only runs on the few short regions around such runs.
 _RUN_TABLE = bytes(48 if chr(b) in "0123456789 -" else 120 for b in range(256))
-_RUN = b"0" * 12
+_RUNS = re.compile(rb"0{12,}")
 
 
 def _raw_candidates(raw: bytes) -> Iterator[str]:
     mapped = raw.translate(_RUN_TABLE)
-    start = mapped.find(_RUN)
-    while start != -1:
-        end = start + len(_RUN)
-        while end < len(mapped) and mapped[end] == 48:
-            end += 1
-        region = raw[max(0, start - 1) : end + 1]
+    for run in _RUNS.finditer(mapped):
+        region = raw[max(0, run.start() - 1) : run.end() + 1]
         for match in _CANDIDATE.finditer(region):
             yield match.group().decode()
-        start = mapped.find(_RUN, end)
 
 
 def luhn_valid(digits: str) -> bool:
@@ -136,8 +130,7 @@ def _has_value(value: Any) -> bool:
 def find_payment_data(raw: bytes, decoded: Any) -> str | None:
     """What payment material the request carries, or None. `decoded` is the parsed body."""
     card_candidate = any(looks_like_card(c) for c in _raw_candidates(raw))
-    lowered = raw.lower()
-    key_candidate = any(hint in lowered for hint in _KEY_HINTS)
+    key_candidate = _KEY_HINT.search(raw.lower()) is not None
     if not card_candidate and not key_candidate:
         return None
     for key, value in _walk(decoded):
