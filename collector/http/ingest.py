@@ -29,7 +29,7 @@ from collector.http.headers import (
     refusal_headers,
     usage_headers,
 )
-from collector.ingest import decompress_body, prepare_batch
+from collector.ingest import decompress_body, prepare_batch, refuse_payment_data
 from collector.ingest.model import IngestContext, MeterKind, PreparedBatch
 from collector.limits.buckets import rate_headers, refusal
 from collector.limits.rates import bucket_id, scope_rate
@@ -184,6 +184,8 @@ async def _ingest(
         )
     body = decompress_body(raw, hdr.get("content-encoding"), hdr.get("content-type"))
     if edge:
+        # The translation keeps only known fields: scan the request as sent first.
+        refuse_payment_data(body)
         body = edge_to_event(body, user_agent=hdr.get("user-agent"), now_ms=now_ms)
     context = IngestContext(
         client_id=record.clientId,

@@ -88,6 +88,18 @@ def _event_id(event: AnyEvent, index: int, header_key: str | None, production: b
     return "dev_" + os.urandom(16).hex()
 
 
+def refuse_payment_data(body: bytes, decoded: object | None = None) -> None:
+    """Raise prohibited_payment_data when the request carries payment material anywhere."""
+    if decoded is None:
+        decoded = _decode_json(body)
+    payment = find_payment_data(body, decoded)
+    if payment is not None:
+        raise ServiceError(
+            "prohibited_payment_data",
+            f"payment-instrument material is not accepted ({payment}); nothing was stored",
+        )
+
+
 def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
     """Validate a request body; raises ServiceError for request-level refusals."""
     header_key = ctx.idempotency_key.strip() if ctx.idempotency_key is not None else None
@@ -96,12 +108,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
             "invalid_idempotency_key", f"Idempotency-Key is over {MAX_IDEMPOTENCY_KEY} characters"
         )
     decoded = _decode_json(body)
-    payment = find_payment_data(body, decoded)
-    if payment is not None:
-        raise ServiceError(
-            "prohibited_payment_data",
-            f"payment-instrument material is not accepted ({payment}); nothing was stored",
-        )
+    refuse_payment_data(body, decoded)
     raws, single = _split(body, decoded)
 
     accepted: list[AcceptedEvent] = []

@@ -265,3 +265,24 @@ async def test_concurrent_replays_store_once(server: RunningServer) -> None:
     assert sum(s["accepted"] for s in statuses) == 10
     assert sum(s["duplicates"] for s in statuses) == 110
     assert len(await outbox_dump(server.data_dir)) == 10
+
+
+async def test_edge_pageview(server: RunningServer) -> None:
+    body = {"_eid": "edge-1", "visitorId": "v9", "sessionId": "s9", "url": "https://acme.com/blog/post?x=1",
+            "title": "Post", "referrer": "https://news.example/"}
+    headers = {**H, "User-Agent": "Mozilla/5.0 (Windows NT 10.0) Chrome/131.0"}
+    response = await server.client.post("/v1/edge/pageview", json=body, headers=headers)
+    assert response.status_code == 202, response.text
+    assert response.json()["accepted"] == 1
+    assert response.headers["X-Service-Monthly-Used"] == "1"
+    again = await server.client.post("/v1/edge/pageview", json={**body, "timestamp": response.json()["timestamp"]}, headers=headers)
+    assert again.status_code in (202, 409)
+    event = (await outbox_dump(server.data_dir))[0]["event"]
+    assert event["type"] == "pageview" and event["page"]["path"] == "/blog/post"
+    assert event["device"]["userAgent"].startswith("Mozilla/5.0 (Windows")
+    missing = await server.client.post("/v1/edge/pageview", json={"visitorId": "v"}, headers=H)
+    assert missing.status_code == 400 and missing.json()["error"] == "validation_error"
+    no_id = await server.client.post("/v1/edge/pageview", json={k: v for k, v in body.items() if k != "_eid"}, headers=H)
+    assert no_id.json()["error"] == "idempotency_required"
+    leak = await server.client.post("/v1/edge/pageview", json={**body, "_eid": "edge-2", "note": "4111 1111 1111 1111"}, headers=H)
+    assert leak.json()["error"] == "prohibited_payment_data"

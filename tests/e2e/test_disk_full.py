@@ -1,0 +1,50 @@
+"""A real full disk (a 4 MB tmpfs): 503 storage_unavailable, nothing half-stored, recovery."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.conftest import BROWSER_KEY, pageview, start_server
+from tests.helpers import outbox_dump
+
+H = {"X-API-Key": BROWSER_KEY, "Origin": "https://acme.com"}
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+async def test_disk_full_then_space_returns(nursery: trio.Nursery, small_disk: Path) -> None:
+    server = await start_server(nursery, small_disk)
+    filler = small_disk / "filler"
+    # leave too little room for a 25-event batch of large events
+    free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+    filler.write_bytes(b"\0" * max(0, free - 40 * 1024))
+    events = [pageview(f"full-{i}", type="custom", name="n", label="x" * 4000) for i in range(25)]
+    refused = await server.client.post("/v1/events", json={"events": events}, headers=H)
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["error"] == "storage_unavailable"
+    assert (await server.client.get("/healthz")).status_code == 200
+    assert (await server.client.get("/readyz")).status_code == 503
+    filler.unlink()
+    again = await server.client.post("/v1/events", json={"events": events}, headers=H)
+    assert again.status_code == 202, again.text
+    assert again.json()["accepted"] == 25
+    assert (await server.client.get("/readyz")).status_code == 200
+    stored = await outbox_dump(server.data_dir)
+    assert sorted(row["eid"] for row in stored) == sorted(f"full-{i}" for i in range(25))

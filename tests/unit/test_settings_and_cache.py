@@ -1,0 +1,58 @@
+"""Settings precedence (flags > TOML > environment > defaults) and the key cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from collector.access.keycache import KeyCache
+from collector.errors import ServiceError
+from collector.settings import SettingsError, load_settings
+from collector.tenants_admin import import_tenants
+from storage.env import Storage
+
+
+def test_precedence(tmp_path: Path) -> None:
+    config = tmp_path / "collector.toml"
+    config.write_text('bind = "0.0.0.0:9000"\ndata_dir = "/from/toml"\nkey_cache_ttl = 5\n')
+    settings = load_settings(
+        {"data_dir": "/from/flag"},
+        config_file=str(config),
+        environ={"COLLECTOR_DATA_DIR": "/from/env", "COLLECTOR_BIND": "1.1.1.1:1", "COLLECTOR_ENV": "development"},
+    )
+    assert settings.data_dir == "/from/flag"
+    assert settings.bind == "0.0.0.0:9000"
+    assert settings.key_cache_ttl == 5
+    assert settings.production is False
+    assert load_settings({}, environ={}).data_dir == "./data"
+
+
+def test_bad_settings_name_the_field(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("colour = 'red'\n")
+    with pytest.raises(SettingsError, match="colour"):
+        load_settings({}, config_file=str(config), environ={})
+    with pytest.raises(SettingsError, match="idempotency_window_hours"):
+        load_settings({}, environ={"COLLECTOR_IDEMPOTENCY_WINDOW_HOURS": "2"})
+    config.write_text("bind = [")
+    with pytest.raises(SettingsError, match="TOML"):
+        load_settings({}, config_file=str(config), environ={})
+
+
+def test_key_cache_ttls_and_unreadable_store(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    now = [0.0]
+    cache = KeyCache(storage, ttl=120, negative_ttl=30, clock=lambda: now[0])
+    assert cache.lookup("cs_live_new0000000") is None
+    import_tenants(storage, b'{"keys": [{"key": "cs_live_new0000000", "clientId": "n"}]}')
+    now[0] = 29.9
+    assert cache.lookup("cs_live_new0000000") is None  # the failed lookup is cached 30 s
+    now[0] = 30.1
+    assert cache.lookup("cs_live_new0000000") is not None
+    storage.close()
+    now[0] = 200.0
+    with pytest.raises(ServiceError) as info:
+        cache.lookup("cs_live_new0000000")
+    assert info.value.code == "service_unavailable"
+    assert info.value.response_headers()["Retry-After"] == "5"
