@@ -6,14 +6,16 @@ Exit status 0 on success; on bad input a one-line message on stderr and 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import msgspec
 
 from collector.access.tenants import TenantsFileError
 from collector.settings import Settings, SettingsError, load_settings
+from storage.env import Storage
 from storage.errors import StorageError
 
 _json = msgspec.json.Encoder()
@@ -37,10 +39,16 @@ def _settings_from(args: argparse.Namespace) -> Settings:
     return load_settings(flags, config_file=getattr(args, "config", None))
 
 
-def _open_storage(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+@contextlib.contextmanager
+def _storage(args: argparse.Namespace) -> Iterator[Storage]:
+    """The data directory of the command's settings, closed afterwards."""
     from collector.app import open_storage
 
-    return open_storage(_settings_from(args))
+    storage = open_storage(_settings_from(args))
+    try:
+        yield storage
+    finally:
+        storage.close()
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -62,55 +70,42 @@ def cmd_tenants_import(args: argparse.Namespace) -> int:
         data = Path(args.file).read_bytes()
     except OSError as exc:
         raise UsageError(f"cannot read {args.file}: {exc.strerror}") from None
-    storage = _open_storage(args)
-    try:
+    with _storage(args) as storage:
         for record in import_tenants(storage, data):
             print(f"imported {record.key} clientId={record.clientId} keyType={record.key_type}")
-    finally:
-        storage.close()
     return 0
 
 
 def cmd_tenants_list(args: argparse.Namespace) -> int:
     from collector.tenants_admin import list_records
 
-    storage = _open_storage(args)
-    try:
+    with _storage(args) as storage:
         for record in list_records(storage):
             print(_json.encode(record).decode())
-    finally:
-        storage.close()
     return 0
 
 
 def cmd_keys_rotate(args: argparse.Namespace) -> int:
     from collector.tenants_admin import rotate_key
 
-    storage = _open_storage(args)
-    try:
+    with _storage(args) as storage:
         print(rotate_key(storage, args.key))
-    finally:
-        storage.close()
     return 0
 
 
 def cmd_keys_revoke(args: argparse.Namespace) -> int:
     from collector.tenants_admin import revoke_key
 
-    storage = _open_storage(args)
-    try:
+    with _storage(args) as storage:
         revoke_key(storage, args.key)
-    finally:
-        storage.close()
     return 0
 
 
 def cmd_outbox_dump(args: argparse.Namespace) -> int:
     from storage.outbox import iter_outbox
 
-    storage = _open_storage(args)
     out = sys.stdout
-    try:
+    with _storage(args) as storage:
         for seq, record in iter_outbox(storage, after=args.after):
             head = _json.encode(
                 {
@@ -125,8 +120,6 @@ def cmd_outbox_dump(args: argparse.Namespace) -> int:
             )
             # The stored event is already JSON: splice it in rather than re-encode it.
             out.write(f'{head[:-1].decode()},"event":{record.event.decode()}}}\n')
-    finally:
-        storage.close()
     return 0
 
 
@@ -144,27 +137,21 @@ def _period(value: str) -> str:
 def cmd_usage_show(args: argparse.Namespace) -> int:
     from collector.usage_admin import usage_rows
 
-    storage = _open_storage(args)
-    try:
+    with _storage(args) as storage:
         for row in usage_rows(storage, account=args.account, period=args.period):
             print(_json.encode(row).decode())
-    finally:
-        storage.close()
     return 0
 
 
 def cmd_usage_invoice(args: argparse.Namespace) -> int:
     from collector.usage_admin import invoice_lines
 
-    storage = _open_storage(args)
-    try:
+    with _storage(args) as storage:
         lines = invoice_lines(storage, args.period)
         for line in lines:
             print(_json.encode(line).decode())
         total = sum(line.amount_usd for line in lines)
         print(_json.encode({"period": args.period, "total_usd": total}).decode())
-    finally:
-        storage.close()
     return 0
 
 
