@@ -18,7 +18,8 @@ from collector.services import Services
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 QUART_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
-QUART_PREFIXES = ("/v1/signals", "/v1/live", "/live/", "/signals/", "/v1/consent", "/v1/replay")
+# Route prefixes Quart serves once the signals and realtime routes exist.
+QUART_PREFIXES: tuple[str, ...] = ()
 
 
 class Router:

@@ -286,3 +286,11 @@ async def test_edge_pageview(server: RunningServer) -> None:
     assert no_id.json()["error"] == "idempotency_required"
     leak = await server.client.post("/v1/edge/pageview", json={**body, "_eid": "edge-2", "note": "4111 1111 1111 1111"}, headers=H)
     assert leak.json()["error"] == "prohibited_payment_data"
+
+
+async def test_unknown_routes_and_methods_use_the_error_format(server: RunningServer) -> None:
+    for path in ("/v1/signals/v1", "/nope"):
+        response = await server.client.get(path)
+        assert response.status_code == 404 and response.json()["error"] == "not_found"
+    response = await server.client.get("/v1/events")
+    assert response.status_code == 405 and response.json()["error"] == "method_not_allowed"
