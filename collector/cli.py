@@ -155,6 +155,31 @@ def cmd_usage_invoice(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_backup(args: argparse.Namespace) -> int:
+    from storage.backup import backup
+
+    with _storage(args) as storage:
+        print(_json.encode(backup(storage, Path(args.dest))).decode())
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    from storage.backup import restore
+
+    settings = _settings_from(args)
+    print(_json.encode(restore(Path(args.src), Path(settings.data_dir), force=args.force)).decode())
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from storage.check import check
+
+    with _storage(args) as storage:
+        report = check(storage)
+    print(_json.encode(report).decode())
+    return 0 if report.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="collector", description="Self-hosted event collector")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -205,6 +230,19 @@ def build_parser() -> argparse.ArgumentParser:
     u_invoice.add_argument("--period", type=_period, required=True)
     _data_dir_option(u_invoice)
     u_invoice.set_defaults(func=cmd_usage_invoice)
+
+    b_backup = commands.add_parser("backup", help="a consistent, compacted online copy to DEST")
+    b_backup.add_argument("dest")
+    _data_dir_option(b_backup)
+    b_backup.set_defaults(func=cmd_backup)
+    b_restore = commands.add_parser("restore", help="verify SRC's checksum and restore it (server stopped)")
+    b_restore.add_argument("src")
+    b_restore.add_argument("--force", action="store_true", help="replace a non-empty data directory")
+    _data_dir_option(b_restore)
+    b_restore.set_defaults(func=cmd_restore)
+    c_check = commands.add_parser("check", help="verify the data directory; exit 1 on problems")
+    _data_dir_option(c_check)
+    c_check.set_defaults(func=cmd_check)
     return parser
 
 
@@ -218,11 +256,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exit_.code or 0)
     func: Callable[[argparse.Namespace], int] = args.func
     from collector.tenants_admin import KeyAdminError
+    from storage.backup import BackupError
     from storage.errors import FormatError
 
     try:
         return func(args)
-    except (UsageError, SettingsError, TenantsFileError, KeyAdminError, FormatError) as exc:
+    except (UsageError, SettingsError, TenantsFileError, KeyAdminError, FormatError, BackupError) as exc:
         print(f"collector: {exc}", file=sys.stderr)
         return 2
     except StorageError as exc:

@@ -1,0 +1,41 @@
+"""`collector backup` while serving, `restore` with its checksum, `check` of the result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import trio
+
+from tests.conftest import BROWSER_KEY, click, pageview, start_server
+from tests.helpers import run_cli
+
+H = {"X-API-Key": BROWSER_KEY, "Origin": "https://acme.com"}
+
+
+async def test_online_backup_restore_and_check(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await start_server(nursery, tmp_path)
+    response = await server.client.post("/v1/events", json={"events": [pageview("b1"), click("b2")]}, headers=H)
+    assert response.status_code == 202
+    dest = tmp_path / "backup"
+    result = await trio.to_thread.run_sync(lambda: run_cli("backup", str(dest), data_dir=server.data_dir))
+    manifest = json.loads(result.stdout)
+    assert manifest["outboxLastSeq"] == 2 and len(manifest["sha256"]) == 64
+    # the server kept serving during the copy
+    assert (await server.client.post("/v1/events", json=pageview("b3"), headers=H)).status_code == 202
+
+    restored = tmp_path / "restored"
+    await trio.to_thread.run_sync(lambda: run_cli("restore", str(dest), data_dir=restored))
+    dump = run_cli("outbox", "dump", data_dir=restored).stdout
+    assert [json.loads(line)["eid"] for line in dump.splitlines()] == ["b1", "b2"]
+    report = json.loads(run_cli("check", data_dir=restored).stdout)
+    assert report["problems"] == [] and report["outbox_records"] == 2
+    assert json.loads(run_cli("check", data_dir=server.data_dir).stdout)["problems"] == []
+
+    again = run_cli("restore", str(dest), data_dir=restored, check=False)
+    assert again.returncode == 2 and "not empty" in again.stderr
+    data = dest / "data.mdb"
+    data.write_bytes(data.read_bytes()[:-1] + b"\x01")
+    tampered = run_cli("restore", str(dest), data_dir=tmp_path / "other", check=False)
+    assert tampered.returncode == 2 and "checksum mismatch" in tampered.stderr
+    assert not (tmp_path / "other").exists()
