@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import signal
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -36,6 +37,7 @@ from collector.tenants_admin import import_tenants
 from storage.counters import iter_counters
 from storage.env import Storage
 from storage.outbox import last_seq
+from storage.retention import RetentionSweep, run_retention
 from storage.writer import GroupCommitWriter
 
 log = logging.getLogger("collector")
@@ -157,6 +159,14 @@ async def serve(
         app = build_asgi(services)
         async with trio.open_nursery() as outer:
             await outer.start(services.writer.run)
+            sweep = RetentionSweep(
+                outbox_retention_ms=int(settings.outbox_retention_hours * 3_600_000),
+                idempotency_window_ms=int(settings.idempotency_window_hours * 3_600_000),
+                consumers=(),  # no outbox consumers exist yet; each registers here
+            )
+            await outer.start(
+                partial(run_retention, interval_s=settings.retention_interval_s), services.writer, sweep
+            )
             shutdown = trio.Event()
             config = hypercorn_config(settings)
             async with trio.open_nursery() as server_nursery:

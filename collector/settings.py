@@ -31,6 +31,9 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     key_negative_ttl: Annotated[float, msgspec.Meta(ge=0)] = 30.0
     # ingest
     idempotency_window_hours: Annotated[float, msgspec.Meta(ge=24)] = 7 * 24.0
+    # retention (outbox entries also wait for every registered consumer)
+    outbox_retention_hours: Annotated[float, msgspec.Meta(gt=0)] = 7 * 24.0
+    retention_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
     # storage
     map_size_mb: Annotated[int, msgspec.Meta(ge=1)] = 64
     max_map_size_mb: Annotated[int, msgspec.Meta(ge=1)] = 1024 * 1024

@@ -1,8 +1,9 @@
 """`collector check`: verify a data directory without changing it.
 
 Checks that outbox sequence numbers increase and stay below the next-seq
-marker, that every outbox and idempotency record decodes and every live
-idempotency record points at a receipt in the outbox, and that each usage
+marker, that every outbox and idempotency record decodes and every
+idempotency record points at a receipt in the outbox (unless retention
+already removed that part of the outbox), and that each usage
 counter is at least what the outbox holds for that (clientId, period, unit)
 when the client is its own billing account (counters of pooled accounts are
 keyed by the account, and are skipped).
@@ -18,6 +19,7 @@ import msgspec
 
 from storage import counters, idempotency, outbox
 from storage.env import Storage
+from storage.retention import RETAINED_FROM
 
 
 class CheckReport(msgspec.Struct):
@@ -41,6 +43,14 @@ def _unit(event: dict[str, object]) -> str | None:
     return "coverage"
 
 
+def _receipt_seq(receipt_id: str) -> int:
+    """The outbox sequence a receipt id names (its last 12 hex digits)."""
+    try:
+        return int(receipt_id[-12:], 16)
+    except ValueError:
+        return 2**63
+
+
 def check(storage: Storage, *, max_problems: int = 100) -> CheckReport:
     report = CheckReport()
 
@@ -54,6 +64,8 @@ def check(storage: Storage, *, max_problems: int = 100) -> CheckReport:
     with storage.read() as txn:
         next_raw = txn.get(outbox.NEXT_SEQ, db=storage.dbs.meta)
         next_seq = int.from_bytes(next_raw, "big") if next_raw else 1
+        retained_raw = txn.get(RETAINED_FROM, db=storage.dbs.meta)
+        retained_from = int.from_bytes(retained_raw, "big") if retained_raw else 0
         for key, value in txn.cursor(db=storage.dbs.outbox):
             seq = int.from_bytes(key, "big")
             report.outbox_records += 1
@@ -78,7 +90,7 @@ def check(storage: Storage, *, max_problems: int = 100) -> CheckReport:
             except msgspec.DecodeError as exc:
                 problem(f"idempotency record {bytes(key)!r} does not decode: {exc}")
                 continue
-            if rec.receipt_id not in receipts:
+            if rec.receipt_id not in receipts and _receipt_seq(rec.receipt_id) >= retained_from:
                 problem(f"idempotency record {bytes(key)!r} names missing receipt {rec.receipt_id}")
     stored: dict[tuple[str, str, str], int] = {}
     for account, period, unit, count in counters.iter_counters(storage):

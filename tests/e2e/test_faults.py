@@ -85,7 +85,8 @@ async def test_metrics_show_group_commit_and_meters(nursery: trio.Nursery, tmp_p
         for line in text.splitlines()
         if line and not line.startswith("#")
     }
-    assert values["collector_writer_requests_committed"] == 50
+    # 50 admissions, plus the retention sweep the server runs at start-up
+    assert 50 <= values["collector_writer_requests_committed"] <= 51
     assert values["collector_writer_transactions"] < 50
     assert values['collector_events_total{outcome="accepted"}'] == 50
     assert any(
