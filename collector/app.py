@@ -22,6 +22,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from prometheus_client.core import GaugeMetricFamily
 from quart_trio import QuartTrio
 
+from collector import systemd
 from collector.access.keycache import KeyCache
 from collector.demo import DEMO_TENANTS
 from collector.http.asgi import Receive, Scope, Send, send_response
@@ -176,6 +177,10 @@ async def serve(
                 for url in binds:
                     print(f"collector listening on {url}", flush=True)
                 log.info("listening on %s", ", ".join(binds))
+                systemd.notify(f"READY=1\nSTATUS=listening on {', '.join(binds)}")
+                interval = systemd.watchdog_interval()
+                if interval:
+                    outer.start_soon(systemd.watchdog_loop, interval)
                 task_status.started(binds)
                 server_nursery.start_soon(_watch_signals, shutdown)
             # The server has drained; now the writer drains and stops.
@@ -202,5 +207,6 @@ async def _watch_signals(shutdown: trio.Event) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
             log.info("received %s: draining", signal.Signals(signum).name)
+            systemd.notify("STOPPING=1")
             shutdown.set()
             return
