@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,8 +25,15 @@ DB_NAMES = ("meta", "keys", "idempotency", "counters", "outbox", "cursors")
 DEFAULT_MAP_SIZE = 64 * 1024 * 1024
 DEFAULT_MAX_MAP_SIZE = 1 << 40  # a terabyte of address space: the disk ends first
 
-# One migration per step: MIGRATIONS[n] turns format n into n + 1 inside one write txn.
-MIGRATIONS: dict[int, object] = {}
+def _migrate_0_to_1(txn: lmdb.Transaction, dbs: Databases) -> None:
+    """Format 0 (before the marker) had no node id; receipts need one."""
+    if txn.get(b"node_id", db=dbs.meta) is None:
+        txn.put(b"node_id", secrets.token_hex(4).encode(), db=dbs.meta)
+
+
+# One migration per step: MIGRATIONS[n] turns format n into n + 1 inside the
+# opening write transaction, so a failed migration changes nothing.
+MIGRATIONS: dict[int, Callable[[lmdb.Transaction, Databases], None]] = {0: _migrate_0_to_1}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,11 +90,12 @@ class Storage:
     def _check_format(self) -> None:
         with mapped_lmdb_errors(), self.env.begin(write=True) as txn:
             raw = txn.get(b"format", db=self.dbs.meta)
-            if raw is None:
+            if raw is None and not self._has_data(txn):
                 txn.put(b"format", str(FORMAT_VERSION).encode(), db=self.dbs.meta)
                 txn.put(b"node_id", secrets.token_hex(4).encode(), db=self.dbs.meta)
                 return
-            version = int(raw)
+            # Data without a marker was written before the marker existed: format 0.
+            version = int(raw) if raw is not None else 0
             if version > FORMAT_VERSION:
                 raise FormatError(
                     f"data directory {self.path} has storage format {version}; this collector"
@@ -96,9 +105,12 @@ class Storage:
                 migrate = MIGRATIONS.get(version)
                 if migrate is None:
                     raise FormatError(f"no migration from storage format {version}")
-                migrate(txn, self.dbs)  # type: ignore[operator]
+                migrate(txn, self.dbs)
                 version += 1
                 txn.put(b"format", str(version).encode(), db=self.dbs.meta)
+
+    def _has_data(self, txn: lmdb.Transaction) -> bool:
+        return any(txn.stat(db)["entries"] for db in (self.dbs.keys, self.dbs.outbox))
 
     def format_version(self) -> int:
         return int(self._meta_get(b"format") or b"0")

@@ -137,3 +137,44 @@ def test_cli_key_rotation(tmp_path: Path) -> None:
     assert website.returncode == 2 and "support" in website.stderr
     unknown = run_cli("keys", "revoke", "cs_live_unknown000", data_dir=data_dir, check=False)
     assert unknown.returncode == 2
+
+
+def test_sigterm_with_requests_in_flight(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path)
+    acknowledged: list[str] = []
+    other: list[str] = []
+
+    async def writer(worker: int, client: httpx.AsyncClient) -> None:
+        for batch in range(10_000):
+            eids = [f"t{worker}-{batch}-{i}" for i in range(10)]
+            try:
+                response = await client.post("/v1/events", json={"events": [pageview(e) for e in eids]}, headers=H)
+            except httpx.HTTPError:
+                return
+            if response.status_code == 202:
+                acknowledged.extend(eids)
+            else:
+                other.append(str(response.status_code))
+                return
+
+    async def load() -> None:
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as client, trio.open_nursery() as nursery:
+            for worker in range(16):
+                nursery.start_soon(writer, worker, client)
+            await trio.sleep(1.0)
+            server.proc.send_signal(signal.SIGTERM)
+
+    trio.run(load)
+    assert server.proc.wait(timeout=15) == 0
+    assert set(other) <= {"503"}  # refused cleanly, never a 500
+    rows = [json.loads(line) for line in run_cli("outbox", "dump", data_dir=server.data_dir).stdout.splitlines()]
+    stored = Counter(row["eid"] for row in rows)
+    assert acknowledged and all(stored[eid] == 1 for eid in acknowledged)
+
+
+def test_crashloop_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    from bench.crashloop import crashloop
+
+    report = crashloop(20, tmp_path)
+    assert report["acknowledged"] > 1000
+    assert (report["lost"], report["duplicated"]) == (0, 0), report

@@ -183,3 +183,22 @@ def test_unreadable_counter_refuses_with_metering_unavailable(tmp_path: Path) ->
         run_job_now(storage, admission(["a"]))
     assert isinstance(refused.value.reason, MeteringUnavailable)
     assert outbox.last_seq(storage) == 0
+
+
+def test_format_0_directory_is_migrated(tmp_path: Path) -> None:
+    import lmdb
+
+    # A data directory from before the format marker: keys, and no marker or node id.
+    env = lmdb.open(str(tmp_path), max_dbs=10)
+    keys = env.open_db(b"keys")
+    env.open_db(b"meta")
+    with env.begin(write=True) as txn:
+        txn.put(b"cs_live_old0000000", b'{"key":"cs_live_old0000000","clientId":"old"}', db=keys)
+    env.close()
+    storage = Storage(tmp_path)
+    assert storage.format_version() == FORMAT_VERSION
+    assert len(storage.node_id) == 8
+    with storage.read() as txn:
+        assert txn.get(b"cs_live_old0000000", db=storage.dbs.keys) is not None
+    result = run_job_now(storage, admission(["after-migration"]))
+    assert result.receipt_ids[0].startswith("rcpt_" + storage.node_id)
