@@ -90,6 +90,9 @@ def _component_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
     yield gauge("collector_lmdb_map_size_bytes", "LMDB map size", map_size)
     yield gauge("collector_lmdb_used_bytes", "LMDB pages in use", used)
     yield gauge("collector_outbox_last_seq", "Sequence number of the newest outbox entry", last_seq(services.storage))
+    with services.storage.read() as txn:
+        entries = txn.stat(services.storage.dbs.outbox)["entries"]
+    yield gauge("collector_outbox_entries", "Outbox entries kept (retention removes old ones)", entries)
     yield from _meter_gauges(services)
     cache = services.keys.statistics()
     yield gauge("collector_key_cache_entries", "Key records cached", cache.entries)

@@ -94,3 +94,6 @@ async def test_metrics_show_group_commit_and_meters(nursery: trio.Nursery, tmp_p
         for k, v in values.items()
     )
     assert 'collector_requests_total{route="/v1/events",status="202"} 50.0' in text
+    assert values["collector_outbox_entries"] == 50
+    assert values["collector_commit_group_size_count"] >= 1
+    assert values["collector_commit_seconds_count"] >= 1
