@@ -1,82 +1,293 @@
-"""Online, compacted backups of the data directory and checked restores.
+"""Online, compacted backups of the data directory, and checked restores.
 
-`backup` copies the LMDB environment with `env.copy(compact=True)` inside
-one read snapshot (so writers keep going) and writes MANIFEST.json with the
-SHA-256 of the copy. `restore` verifies that checksum first, then moves the
-copy into place atomically (temp dir beside the target, fsync, rename).
+`backup` copies the LMDB environment with `env.copy(compact=True)` from one
+read snapshot, so the writer keeps committing while it runs; the manifest's
+counts come from that same snapshot. MANIFEST.json is written last: a
+directory without it is an unfinished backup and `restore` refuses it.
+
+`restore` checks everything before it changes anything (manifest, size,
+SHA-256, storage format, that no collector has the target open), then copies
+into a temp directory beside the target, fsyncs it and renames it into place.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
+import fcntl
 import hashlib
-import json
 import os
 import shutil
 import time
 from pathlib import Path
 
-from storage.env import Storage
+import lmdb
+import msgspec
+
+from storage.env import DB_NAMES, FORMAT_VERSION, Storage
 from storage.errors import mapped_lmdb_errors
-from storage.outbox import last_seq
+from storage.outbox import NEXT_SEQ
 
 MANIFEST = "MANIFEST.json"
+DATA_FILE = "data.mdb"
+_CHUNK = 1 << 20
 
 
 class BackupError(ValueError):
-    """A backup or restore cannot go ahead; nothing was changed."""
+    """A backup or restore cannot go ahead; the one-line message says why. Nothing was changed."""
 
 
-def _sha256(path: Path) -> str:
+class BackupManifest(msgspec.Struct, frozen=True, rename="camel"):
+    format: int  # the storage format of the copy
+    created: str  # UTC, ISO 8601
+    node_id: str
+    data_bytes: int  # size of data.mdb
+    sha256: str  # of data.mdb
+    outbox_last_seq: int  # the last sequence number ever allocated (0: none)
+    records: dict[str, int]  # entries per named database
+
+
+_manifest_encoder = msgspec.json.Encoder()
+_manifest_decoder = msgspec.json.Decoder(BackupManifest)
+
+
+def backup(storage: Storage, dest_dir: str | os.PathLike[str]) -> BackupManifest:
+    """Copy the open data directory into `dest_dir` (absent or empty) and describe it.
+
+    Raises BackupError when dest_dir is not an empty directory, StorageError
+    when LMDB cannot make the copy; a failed backup removes what it wrote.
+    """
+    dest = Path(dest_dir)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise BackupError(f"backup destination {dest} is not an empty directory")
+    created_dir = not dest.exists()
+    dest.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        with mapped_lmdb_errors(), storage.read() as txn:
+            storage.env.copy(str(dest), compact=True, txn=txn)
+            raw_next = txn.get(NEXT_SEQ, db=storage.dbs.meta)
+            raw_format = txn.get(b"format", db=storage.dbs.meta)
+            records = {
+                name: int(txn.stat(getattr(storage.dbs, name))["entries"]) for name in DB_NAMES
+            }
+        data = dest / DATA_FILE
+        digest, size = _sha256(data, fsync=True)
+        manifest = BackupManifest(
+            format=int(raw_format or b"0"),
+            created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            node_id=storage.node_id,
+            data_bytes=size,
+            sha256=digest,
+            outbox_last_seq=int.from_bytes(raw_next, "big") - 1 if raw_next else 0,
+            records=records,
+        )
+        _write_durably(dest / MANIFEST, _manifest_encoder.encode(manifest) + b"\n")
+        _fsync_dir(dest)
+    except BaseException:
+        for name in (DATA_FILE, MANIFEST, MANIFEST + ".tmp"):
+            with contextlib.suppress(FileNotFoundError):
+                (dest / name).unlink()
+        if created_dir:
+            with contextlib.suppress(OSError):
+                dest.rmdir()
+        raise
+    return manifest
+
+
+def restore(
+    src_dir: str | os.PathLike[str], data_dir: str | os.PathLike[str], *, force: bool = False
+) -> BackupManifest:
+    """Verify the backup in `src_dir`, then make it the data directory `data_dir`.
+
+    Raises BackupError, with nothing changed, when the backup is incomplete,
+    its size or checksum differs from the manifest, its format is newer than
+    this collector reads, `data_dir` is not empty (unless force) or a
+    collector has `data_dir` open. Call it from a process that does not have
+    `data_dir` open itself: the in-use probe cannot see its own process.
+    """
+    src = Path(src_dir)
+    manifest = read_manifest(src)
+    data = src / DATA_FILE
+    try:
+        size = data.stat().st_size
+    except OSError:
+        raise BackupError(f"{src} has no {DATA_FILE}: not a backup") from None
+    if size != manifest.data_bytes:
+        raise BackupError(
+            f"size mismatch: {data} is {size} bytes, {MANIFEST} says {manifest.data_bytes}"
+        )
+    actual, _ = _sha256(data)
+    if actual != manifest.sha256:
+        raise BackupError(
+            f"checksum mismatch: {data} has SHA-256 {actual}, {MANIFEST} says {manifest.sha256}"
+        )
+    version = _format_of(src)
+    if version > FORMAT_VERSION:
+        raise BackupError(
+            f"the backup has storage format {version}; this collector reads formats up to"
+            f" {FORMAT_VERSION}: upgrade the collector"
+        )
+
+    target = Path(data_dir)
+    # /var/lib/collector is a symlink under DynamicUser: replace what it points at.
+    target = target.resolve() if target.is_symlink() else target
+    occupied = target.exists()
+    if occupied and not target.is_dir():
+        raise BackupError(f"{target} exists and is not a directory")
+    non_empty = occupied and any(target.iterdir())
+    if non_empty and not force:
+        raise BackupError(f"{target} is not empty; pass --force to replace it")
+    if non_empty and _in_use(target):
+        raise BackupError(f"{target} is open in a running collector; stop it before restoring")
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(f".{target.name}.restoring")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(mode=0o700)
+    try:
+        copied = _copy_and_hash(data, staging / DATA_FILE)
+        if copied != manifest.sha256:
+            raise BackupError(f"checksum mismatch: {data} changed while it was copied")
+        _fsync_dir(staging)
+        if non_empty:
+            _replace_non_empty(staging, target)
+        else:
+            os.replace(staging, target)  # onto an absent or empty directory: one rename
+        _fsync_dir(target.parent)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return manifest
+
+
+def read_manifest(src: Path) -> BackupManifest:
+    """The manifest of a finished backup; BackupError when missing or malformed."""
+    try:
+        raw = (src / MANIFEST).read_bytes()
+    except OSError as exc:
+        raise BackupError(
+            f"{src} has no readable {MANIFEST} ({exc.strerror}): not a finished backup"
+        ) from None
+    try:
+        return _manifest_decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise BackupError(f"{src / MANIFEST} is not a backup manifest: {exc}") from None
+
+
+# -- helpers ----------------------------------------------------------------
+
+
+def _format_of(src: Path) -> int:
+    """The format marker inside a backup copy, read without writing to src."""
+    try:
+        env = lmdb.open(str(src), readonly=True, lock=False, max_dbs=len(DB_NAMES) + 4, subdir=True)
+    except lmdb.Error as exc:
+        raise BackupError(f"{src / DATA_FILE} is not an LMDB environment: {exc}") from None
+    try:
+        with env.begin() as txn:
+            meta = env.open_db(b"meta", txn=txn, create=False)
+            raw = txn.get(b"format", db=meta)
+    except lmdb.Error as exc:
+        raise BackupError(f"{src / DATA_FILE} holds no collector data: {exc}") from None
+    finally:
+        env.close()
+    return int(raw) if raw else 0
+
+
+def _in_use(directory: Path) -> bool:
+    """True while some process has the environment open.
+
+    Every process with an LMDB environment open holds a shared fcntl lock on
+    byte 0 of lock.mdb; an exclusive lock on that byte succeeds only when none do.
+    """
+    try:
+        fd = os.open(directory / "lock.mdb", os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise BackupError(f"cannot tell whether {directory} is in use: {exc.strerror}") from None
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # also releases the probe lock
+    return False
+
+
+def _replace_non_empty(staging: Path, target: Path) -> None:
+    """Put staging at target's path; the old directory is removed afterwards."""
+    if _exchange(staging, target):
+        return  # staging now holds the old data; the caller removes it
+    # No atomic exchange on this system: two renames, with the old data kept aside
+    # until the new directory is in place.
+    aside = target.with_name(f".{target.name}.replaced")
+    shutil.rmtree(aside, ignore_errors=True)
+    os.rename(target, aside)
+    os.rename(staging, target)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically with renameat2(RENAME_EXCHANGE); False where unsupported."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_uint,
+    ]
+    renameat2.restype = ctypes.c_int
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _sha256(path: Path, *, fsync: bool = False) -> tuple[str, int]:
+    """(hex digest, size) of a file; with fsync, also makes its content durable."""
     digest = hashlib.sha256()
+    size = 0
     with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
+        while block := handle.read(_CHUNK):
             digest.update(block)
+            size += len(block)
+        if fsync:
+            os.fsync(handle.fileno())
+    return digest.hexdigest(), size
+
+
+def _copy_and_hash(src: Path, dest: Path) -> str:
+    digest = hashlib.sha256()
+    with src.open("rb") as reader, dest.open("xb") as writer:
+        os.fchmod(writer.fileno(), 0o600)
+        while block := reader.read(_CHUNK):
+            digest.update(block)
+            writer.write(block)
+        writer.flush()
+        os.fsync(writer.fileno())
     return digest.hexdigest()
 
 
-def backup(storage: Storage, dest: Path) -> dict[str, object]:
-    if dest.exists() and any(dest.iterdir()):
-        raise BackupError(f"{dest} is not empty")
-    dest.mkdir(parents=True, exist_ok=True)
-    with mapped_lmdb_errors():
-        storage.env.copy(str(dest), compact=True)
-    data = dest / "data.mdb"
-    manifest = {
-        "format": storage.format_version(),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "bytes": data.stat().st_size,
-        "sha256": _sha256(data),
-        "outboxLastSeq": last_seq(storage),
-    }
-    (dest / MANIFEST).write_text(json.dumps(manifest, indent=2))
-    return manifest
-
-
-def restore(src: Path, data_dir: Path, *, force: bool = False) -> dict[str, object]:
-    try:
-        manifest = json.loads((src / MANIFEST).read_text())
-    except (OSError, ValueError) as exc:
-        raise BackupError(f"{src} has no readable {MANIFEST}: {exc}") from None
-    data = src / "data.mdb"
-    if not data.exists():
-        raise BackupError(f"{src} has no data.mdb")
-    actual = _sha256(data)
-    if actual != manifest.get("sha256"):
-        raise BackupError(f"checksum mismatch for {data}: manifest {manifest.get('sha256')}, file {actual}")
-    if data_dir.exists() and any(data_dir.iterdir()) and not force:
-        raise BackupError(f"{data_dir} is not empty; pass --force to replace it")
-    staging = data_dir.with_name(data_dir.name + ".restoring")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    shutil.copyfile(data, staging / "data.mdb")
-    with (staging / "data.mdb").open("rb+") as handle:
+def _write_durably(path: Path, content: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as handle:
+        handle.write(content)
+        handle.flush()
         os.fsync(handle.fileno())
-    if data_dir.exists():
-        old = data_dir.with_name(data_dir.name + ".replaced")
-        shutil.rmtree(old, ignore_errors=True)
-        data_dir.rename(old)
-        staging.rename(data_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        staging.rename(data_dir)
-    return manifest
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

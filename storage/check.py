@@ -1,103 +1,229 @@
 """`collector check`: verify a data directory without changing it.
 
-Checks that outbox sequence numbers increase and stay below the next-seq
-marker, that every outbox and idempotency record decodes and every
-idempotency record points at a receipt in the outbox (unless retention
-already removed that part of the outbox), and that each usage
-counter is at least what the outbox holds for that (clientId, period, unit)
-when the client is its own billing account (counters of pooled accounts are
-keyed by the account, and are skipped).
+Reads one snapshot, streaming every database with a cursor (memory grows
+with tenants and periods, not with events), and reports:
+
+- outbox continuity: every sequence from the retention low-water mark
+  (meta `outbox_retained_from`) up to the next-seq marker is present, keys
+  are 8 bytes, and each record decodes and carries the receipt of its seq;
+- every idempotency record decodes and names a receipt the outbox holds for
+  that same (clientId, eid), unless retention removed that seq;
+- usage counters are not below what the outbox holds per (clientId, period,
+  unit). Counters are keyed by billing account, so only a client whose every
+  key bills into its own clientId is compared (other clients pooling into it
+  only raise its counter); other clients are skipped with a note. Counters
+  may legitimately be higher: retention removes outbox rows, not counts.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
+from typing import Any
 
+import lmdb
 import msgspec
 
 from storage import counters, idempotency, outbox
 from storage.env import Storage
+from storage.errors import mapped_lmdb_errors
 from storage.retention import RETAINED_FROM
+
+_RECEIPT_DIGITS = 12  # receipt ids end with the seq as 12 hex digits
 
 
 class CheckReport(msgspec.Struct):
     outbox_records: int = 0
     idempotency_records: int = 0
     counters: int = 0
+    keys: int = 0
+    retained_from: int = 0  # outbox seqs below this may have been removed by retention
+    next_seq: int = 1
     problems: list[str] = []
+    problems_omitted: int = 0  # problems found beyond the listed ones
+    notes: list[str] = []  # what was not checked, and why
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
 
-def _unit(event: dict[str, object]) -> str | None:
-    kind = event.get("type")
-    if kind == "_consent_transition":
+class _StoredFacts(msgspec.Struct):
+    """The few fields of a stored event the recount needs."""
+
+    type: str | None = None
+    receivedAt: int | float | None = None  # the request time the meter used for the period
+    bot: Any = None
+
+
+_facts_decoder = msgspec.json.Decoder(_StoredFacts)
+
+
+class _KeyFacts(msgspec.Struct):
+    clientId: str
+    billingAccount: str | None = None
+
+
+_key_decoder = msgspec.json.Decoder(_KeyFacts)
+
+
+def unit_of(facts: _StoredFacts) -> str | None:
+    """The counter kind an outbox event drew on (None: not metered)."""
+    if facts.type == "_consent_transition":
         return None
-    bot = event.get("bot")
-    if kind == "pageview" and not (isinstance(bot, dict) and bot.get("isBot")):
-        return "pageview"
-    return "coverage"
+    is_bot = isinstance(facts.bot, dict) and bool(facts.bot.get("isBot"))
+    return "pageview" if facts.type == "pageview" and not is_bot else "coverage"
 
 
-def _receipt_seq(receipt_id: str) -> int:
-    """The outbox sequence a receipt id names (its last 12 hex digits)."""
+def receipt_seq(receipt_id: str) -> int | None:
+    tail = receipt_id[-_RECEIPT_DIGITS:]
+    if not receipt_id.startswith("rcpt_") or len(tail) != _RECEIPT_DIGITS:
+        return None
     try:
-        return int(receipt_id[-12:], 16)
+        return int(tail, 16)
     except ValueError:
-        return 2**63
+        return None
+
+
+class _Checker:
+    def __init__(self, storage: Storage, txn: lmdb.Transaction, max_problems: int) -> None:
+        self.storage = storage
+        self.txn = txn
+        self.dbs = storage.dbs
+        self.max_problems = max_problems
+        self.report = CheckReport()
+        self.counted: Counter[tuple[str, str, str]] = Counter()
+
+    def problem(self, text: str) -> None:
+        if len(self.report.problems) < self.max_problems:
+            self.report.problems.append(text)
+        else:
+            self.report.problems_omitted += 1
+
+    def outbox(self) -> None:
+        raw_next = self.txn.get(outbox.NEXT_SEQ, db=self.dbs.meta)
+        raw_retained = self.txn.get(RETAINED_FROM, db=self.dbs.meta)
+        next_seq = int.from_bytes(raw_next, "big") if raw_next else 1
+        retained_from = int.from_bytes(raw_retained, "big") if raw_retained else 0
+        self.report.next_seq, self.report.retained_from = next_seq, retained_from
+        expected = max(retained_from, 1)  # the lowest seq that must still be present
+        for key, value in self.txn.cursor(db=self.dbs.outbox):
+            self.report.outbox_records += 1
+            if len(key) != 8:
+                self.problem(f"outbox key {bytes(key)!r} is not an 8-byte sequence number")
+                continue
+            seq = int.from_bytes(key, "big")
+            if seq >= next_seq:
+                self.problem(f"outbox seq {seq} is at or past the next-seq marker {next_seq}")
+            if seq > expected:
+                self.problem(
+                    f"outbox seqs {expected}..{seq - 1} are missing (retained from {retained_from})"
+                )
+            expected = max(expected, seq + 1)
+            self._record(seq, value)
+        if expected < next_seq:
+            self.problem(
+                f"outbox seqs {expected}..{next_seq - 1} are missing (next seq {next_seq})"
+            )
+
+    def _record(self, seq: int, value: bytes | memoryview) -> None:
+        try:
+            record = outbox.decode(value)
+            facts = _facts_decoder.decode(record.event)
+        except msgspec.DecodeError as exc:
+            self.problem(f"outbox seq {seq} does not decode: {exc}")
+            return
+        if receipt_seq(record.receipt_id) != seq:
+            self.problem(f"outbox seq {seq} carries receipt {record.receipt_id} of another seq")
+        unit = unit_of(facts)
+        if unit is not None:
+            ms = facts.receivedAt if facts.receivedAt is not None else record.committed_ms
+            period = time.strftime("%Y-%m", time.gmtime(ms / 1000))
+            self.counted[(record.client_id, period, unit)] += 1
+
+    def idempotency(self) -> None:
+        retained_from = self.report.retained_from
+        for key, value in self.txn.cursor(db=self.dbs.idempotency):
+            self.report.idempotency_records += 1
+            shown = bytes(key).decode(errors="replace").replace("\x00", "/")
+            try:
+                record = idempotency.decode(value)
+            except msgspec.DecodeError as exc:
+                self.problem(f"idempotency record {shown} does not decode: {exc}")
+                continue
+            seq = receipt_seq(record.receipt_id)
+            if seq is None:
+                self.problem(
+                    f"idempotency record {shown} names a malformed receipt {record.receipt_id!r}"
+                )
+                continue
+            if seq < retained_from:
+                continue  # retention removed that part of the outbox
+            raw = self.txn.get(outbox.seq_key(seq), db=self.dbs.outbox)
+            if raw is None:
+                self.problem(
+                    f"idempotency record {shown} names missing receipt {record.receipt_id}"
+                )
+                continue
+            try:
+                stored = outbox.decode(raw)
+            except msgspec.DecodeError:
+                continue  # reported by the outbox pass
+            if stored.receipt_id != record.receipt_id or bytes(key) != idempotency.ledger_key(
+                stored.client_id, stored.eid
+            ):
+                self.problem(
+                    f"idempotency record {shown} names receipt {record.receipt_id}, but outbox seq"
+                    f" {seq} holds {stored.client_id}/{stored.eid} ({stored.receipt_id})"
+                )
+
+    def usage(self) -> None:
+        accounts: dict[str, set[str]] = {}
+        for key, value in self.txn.cursor(db=self.dbs.keys):
+            self.report.keys += 1
+            try:
+                facts = _key_decoder.decode(value)
+            except msgspec.DecodeError as exc:
+                self.problem(f"key record {bytes(key)[:12]!r}... does not decode: {exc}")
+                continue
+            accounts.setdefault(facts.clientId, set()).add(facts.billingAccount or facts.clientId)
+        stored: dict[tuple[str, str, str], int] = {}
+        for key, value in self.txn.cursor(db=self.dbs.counters):
+            self.report.counters += 1
+            parts = bytes(key).decode(errors="replace").split("\x00")
+            if len(parts) != 3 or len(value) != 8:
+                self.problem(f"usage counter {'/'.join(parts)} is malformed")
+                continue
+            stored[(parts[0], parts[1], parts[2])] = counters.decode_value(value)
+        skipped: set[str] = set()
+        for (client, period, unit), found in sorted(self.counted.items()):
+            billed = accounts.get(client)
+            if billed != {client}:
+                if client not in skipped:
+                    skipped.add(client)
+                    why = (
+                        "it has no key record"
+                        if billed is None
+                        else f"its keys bill into {', '.join(sorted(billed))}"
+                    )
+                    self.report.notes.append(f"usage of client {client} not compared: {why}")
+                continue
+            have = stored.get((client, period, unit), 0)
+            if have < found:
+                self.problem(
+                    f"counter {client}/{period}/{unit} is {have}, the outbox holds {found}"
+                )
 
 
 def check(storage: Storage, *, max_problems: int = 100) -> CheckReport:
-    report = CheckReport()
+    """Verify the data directory in one read snapshot; never writes.
 
-    def problem(text: str) -> None:
-        if len(report.problems) < max_problems:
-            report.problems.append(text)
-
-    receipts: set[str] = set()
-    counted: Counter[tuple[str, str, str]] = Counter()
-    previous = 0
-    with storage.read() as txn:
-        next_raw = txn.get(outbox.NEXT_SEQ, db=storage.dbs.meta)
-        next_seq = int.from_bytes(next_raw, "big") if next_raw else 1
-        retained_raw = txn.get(RETAINED_FROM, db=storage.dbs.meta)
-        retained_from = int.from_bytes(retained_raw, "big") if retained_raw else 0
-        for key, value in txn.cursor(db=storage.dbs.outbox):
-            seq = int.from_bytes(key, "big")
-            report.outbox_records += 1
-            if seq <= previous or seq >= next_seq:
-                problem(f"outbox seq {seq} out of order (previous {previous}, next {next_seq})")
-            previous = seq
-            try:
-                record = outbox.decode(value)
-                event = json.loads(record.event)
-            except (msgspec.DecodeError, ValueError) as exc:
-                problem(f"outbox seq {seq} does not decode: {exc}")
-                continue
-            receipts.add(record.receipt_id)
-            unit = _unit(event)
-            if unit:
-                period = time.strftime("%Y-%m", time.gmtime(record.committed_ms / 1000))
-                counted[(record.client_id, period, unit)] += 1
-        for key, value in txn.cursor(db=storage.dbs.idempotency):
-            report.idempotency_records += 1
-            try:
-                rec = idempotency.decode(value)
-            except msgspec.DecodeError as exc:
-                problem(f"idempotency record {bytes(key)!r} does not decode: {exc}")
-                continue
-            if rec.receipt_id not in receipts and _receipt_seq(rec.receipt_id) >= retained_from:
-                problem(f"idempotency record {bytes(key)!r} names missing receipt {rec.receipt_id}")
-    stored: dict[tuple[str, str, str], int] = {}
-    for account, period, unit, count in counters.iter_counters(storage):
-        report.counters += 1
-        stored[(account, period, unit)] = count
-    for (client, period, unit), found in counted.items():
-        have = stored.get((client, period, unit))
-        if have is not None and have < found:
-            problem(f"counter {client}/{period}/{unit} is {have}, the outbox holds {found}")
-    return report
+    Problems past `max_problems` are counted, not listed. Raises StorageError
+    when the environment cannot be read at all.
+    """
+    with mapped_lmdb_errors(), storage.read() as txn:
+        checker = _Checker(storage, txn, max_problems)
+        checker.outbox()
+        checker.idempotency()
+        checker.usage()
+    return checker.report

@@ -12,28 +12,19 @@ from __future__ import annotations
 import os
 import secrets
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import lmdb
 
 from storage.errors import FormatError, mapped_lmdb_errors
+from storage.migrations import MIGRATIONS
 
 FORMAT_VERSION = 1
 DB_NAMES = ("meta", "keys", "idempotency", "counters", "outbox", "cursors")
 DEFAULT_MAP_SIZE = 64 * 1024 * 1024
 DEFAULT_MAX_MAP_SIZE = 1 << 40  # a terabyte of address space: the disk ends first
 
-def _migrate_0_to_1(txn: lmdb.Transaction, dbs: Databases) -> None:
-    """Format 0 (before the marker) had no node id; receipts need one."""
-    if txn.get(b"node_id", db=dbs.meta) is None:
-        txn.put(b"node_id", secrets.token_hex(4).encode(), db=dbs.meta)
-
-
-# One migration per step: MIGRATIONS[n] turns format n into n + 1 inside the
-# opening write transaction, so a failed migration changes nothing.
-MIGRATIONS: dict[int, Callable[[lmdb.Transaction, Databases], None]] = {0: _migrate_0_to_1}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +73,12 @@ class Storage:
                     dbs = {name: self.env.open_db(name.encode(), txn=txn) for name in DB_NAMES}
         self.dbs = Databases(**dbs)
         if not readonly:
-            self._check_format()
+            try:
+                self._check_format()
+            except BaseException:
+                # py-lmdb refuses to reopen a directory this process still holds open
+                self.env.close()
+                raise
         self.node_id = self._meta_get(b"node_id").decode()
 
     # -- format marker and migrations -------------------------------------

@@ -2,98 +2,158 @@
 
 Outbox entries go once they are older than the retention period AND every
 registered consumer's cursor has passed them (a consumer without a cursor
-yet holds everything). Idempotency records go once their window has ended,
-so a retry inside the window is always recognised. Each sweep is one write
-job handed to the group-commit writer and touches at most `batch` rows of
-each kind; the idempotency scan resumes where the previous one stopped.
+yet holds everything). The lowest seq still required is kept in meta under
+`outbox_retained_from`, so `check` can tell removed rows from lost ones.
+
+Idempotency records go only once their window has ended, so a retry inside
+the window is always recognised. Their keys are (clientId, eid), not time,
+so expired records are scattered: each sweep scans at most `batch` records
+from where the previous one stopped (meta `idem_sweep_pos`), wrapping around.
+
+Each sweep is one write job handed to the group-commit writer; it only reads
+and deletes, so running it again in a retried group is harmless.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import msgspec
 import trio
 
 from storage import idempotency, outbox
+from storage.errors import StorageError
 from storage.writer import GroupCommitWriter, WriteContext
+
+log = logging.getLogger("collector.retention")
 
 RETAINED_FROM = b"outbox_retained_from"
 IDEM_SWEEP_POS = b"idem_sweep_pos"
+_NO_CONSUMERS = 2**64 - 1
 
 
 class SweepResult(msgspec.Struct, frozen=True):
     outbox_removed: int
     idempotency_removed: int
+    idempotency_scanned: int
+    retained_from: int  # outbox seqs below this are gone (0: none removed yet)
     more: bool  # a batch limit was hit: sweep again soon
 
 
+class RetentionStatistics(msgspec.Struct, frozen=True):
+    sweeps: int
+    failures: int
+    outbox_removed: int
+    idempotency_removed: int
+    retained_from: int
+
+
 class RetentionSweep:
+    """A WriteJob removing expired outbox entries and idempotency records, `batch` at most each."""
+
     def __init__(
         self,
-        *,
         outbox_retention_ms: int,
         idempotency_window_ms: int,
         consumers: Sequence[str] = (),
         batch: int = 5000,
     ) -> None:
+        if batch < 1:
+            raise ValueError("batch must be at least 1")
         self.outbox_retention_ms = outbox_retention_ms
         self.idempotency_window_ms = idempotency_window_ms
-        self.consumers = consumers
+        self.consumers = list(consumers)
         self.batch = batch
-
-    def _outbox_floor(self, ctx: WriteContext) -> int:
-        """The highest sequence every consumer has passed (no consumers: no limit)."""
-        floor = None
-        for name in self.consumers:
-            raw = ctx.txn.get(name.encode(), db=ctx.dbs.cursors)
-            position = int.from_bytes(raw, "big") if raw else 0
-            floor = position if floor is None else min(floor, position)
-        return 2**63 if floor is None else floor
+        # Totals of committed sweeps, kept by run_retention (a job may run twice
+        # when its group is retried, so run() itself counts nothing).
+        self._stats = {"sweeps": 0, "failures": 0, "outbox_removed": 0, "idempotency_removed": 0}
+        self._retained_from = 0
 
     def run(self, ctx: WriteContext) -> SweepResult:
-        txn, dbs, now = ctx.txn, ctx.dbs, ctx.now_ms
-        floor = self._outbox_floor(ctx)
-        removed_outbox = 0
-        cursor = txn.cursor(db=dbs.outbox)
-        more = False
-        last_removed = 0
-        if cursor.first():
-            while True:
-                seq = int.from_bytes(cursor.key(), "big")
-                record = outbox.decode(cursor.value())
-                if seq > floor or now - record.committed_ms < self.outbox_retention_ms:
-                    break
-                if removed_outbox >= self.batch:
-                    more = True
-                    break
-                last_removed = seq
-                removed_outbox += 1
-                # delete() moves to the next row; past the last one the cursor is unset
-                if not cursor.delete() or not cursor.key():
-                    break
-        if last_removed:
-            txn.put(RETAINED_FROM, (last_removed + 1).to_bytes(8, "big"), db=dbs.meta)
+        outbox_removed, outbox_more, retained_from = self._sweep_outbox(ctx)
+        idem_removed, scanned, idem_more = self._sweep_idempotency(ctx)
+        return SweepResult(
+            outbox_removed, idem_removed, scanned, retained_from, outbox_more or idem_more
+        )
 
-        removed_idem = 0
-        scanned = 0
-        position = txn.get(IDEM_SWEEP_POS, db=dbs.meta) or b""
+    def _consumer_floor(self, ctx: WriteContext) -> int:
+        """The highest seq every registered consumer has passed."""
+        floor = _NO_CONSUMERS
+        for name in self.consumers:
+            raw = ctx.txn.get(name.encode(), db=ctx.dbs.cursors)
+            floor = min(floor, int.from_bytes(raw, "big") if raw else 0)
+        return floor
+
+    def _sweep_outbox(self, ctx: WriteContext) -> tuple[int, bool, int]:
+        txn, dbs = ctx.txn, ctx.dbs
+        raw = txn.get(RETAINED_FROM, db=dbs.meta)
+        retained_from = int.from_bytes(raw, "big") if raw else 0
+        floor = self._consumer_floor(ctx)
+        cutoff = ctx.now_ms - self.outbox_retention_ms
+        removed = 0
+        more = False
+        cursor = txn.cursor(db=dbs.outbox)
+        positioned = cursor.first()
+        while positioned:
+            seq = int.from_bytes(cursor.key(), "big")
+            if seq > floor:
+                break
+            try:
+                committed_ms = outbox.decode(cursor.value()).committed_ms
+            except msgspec.DecodeError:
+                # Never guess about a record we cannot read; `check` reports it.
+                log.warning("retention stops at outbox seq %d: the record does not decode", seq)
+                break
+            if committed_ms > cutoff:
+                break  # commit order is time order: everything after is younger
+            if removed == self.batch:
+                more = True
+                break
+            removed += 1
+            retained_from = max(retained_from, seq + 1)
+            # delete() moves to the next row; past the last one the cursor is unpositioned
+            positioned = cursor.delete() and bool(cursor.key())
+        if removed:
+            txn.put(RETAINED_FROM, retained_from.to_bytes(8, "big"), db=dbs.meta)
+        return removed, more, retained_from
+
+    def _sweep_idempotency(self, ctx: WriteContext) -> tuple[int, int, bool]:
+        txn, dbs = ctx.txn, ctx.dbs
+        position = txn.get(IDEM_SWEEP_POS, db=dbs.meta)
         cursor = txn.cursor(db=dbs.idempotency)
-        found = cursor.set_range(position) if position else cursor.first()
-        while found and scanned < self.batch:
+        positioned = cursor.set_range(position) if position else cursor.first()
+        removed = scanned = 0
+        while positioned and scanned < self.batch:
             scanned += 1
-            remembered = idempotency.decode(cursor.value())
-            if not idempotency.live(remembered, now, self.idempotency_window_ms):
-                removed_idem += 1
-                found = cursor.delete() and bool(cursor.key())
+            try:
+                record = idempotency.decode(cursor.value())
+            except msgspec.DecodeError:
+                positioned = cursor.next()  # unreadable: leave it for `check` to report
+                continue
+            if idempotency.live(record, ctx.now_ms, self.idempotency_window_ms):
+                positioned = cursor.next()
             else:
-                found = cursor.next()
-        if found:
-            txn.put(IDEM_SWEEP_POS, cursor.key(), db=dbs.meta)
-            more = True
-        else:
-            txn.delete(IDEM_SWEEP_POS, db=dbs.meta)
-        return SweepResult(removed_outbox, removed_idem, more)
+                removed += 1
+                positioned = cursor.delete() and bool(cursor.key())
+        if positioned:
+            txn.put(IDEM_SWEEP_POS, cursor.key(), db=dbs.meta)  # the next key to look at
+        elif position is not None:
+            txn.delete(IDEM_SWEEP_POS, db=dbs.meta)  # reached the end: the next pass wraps
+        return removed, scanned, positioned
+
+    def count_outcome(self, result: SweepResult | None) -> None:
+        """Add a committed sweep (None: a failed one) to the statistics."""
+        if result is None:
+            self._stats["failures"] += 1
+            return
+        self._stats["sweeps"] += 1
+        self._stats["outbox_removed"] += result.outbox_removed
+        self._stats["idempotency_removed"] += result.idempotency_removed
+        self._retained_from = result.retained_from
+
+    def statistics(self) -> RetentionStatistics:
+        return RetentionStatistics(retained_from=self._retained_from, **self._stats)
 
 
 async def run_retention(
@@ -101,13 +161,29 @@ async def run_retention(
     sweep: RetentionSweep,
     *,
     interval_s: float,
+    pause_s: float = 0.05,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Sweep every `interval_s`, and again at once while a sweep hit its batch limit."""
+    """Submit `sweep` now and every `interval_s`; again after `pause_s` while it hits its batch limit.
+
+    A sweep the writer cannot commit (busy, disk full) is logged and tried
+    again next interval: retention never takes the server down.
+    """
     task_status.started()
     while True:
-        result: SweepResult = await writer.submit(sweep)
-        if not result.more:
+        try:
+            result: SweepResult = await writer.submit(sweep)
+        except StorageError as exc:
+            log.warning("retention sweep not committed, next try in %.0f s: %s", interval_s, exc)
+            sweep.count_outcome(None)
             await trio.sleep(interval_s)
-        else:
-            await trio.sleep(0.05)  # let request traffic through between batches
+            continue
+        sweep.count_outcome(result)
+        if result.outbox_removed or result.idempotency_removed:
+            log.info(
+                "retention removed %d outbox entries and %d idempotency records",
+                result.outbox_removed,
+                result.idempotency_removed,
+            )
+        # the short pause lets request traffic through between full batches
+        await trio.sleep(pause_s if result.more else interval_s)

@@ -2,60 +2,187 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
 
 from storage import idempotency, outbox
+from storage.check import check
 from storage.env import Storage
-from storage.retention import RetentionSweep
-from storage.writer import run_job_now
-from tests.unit.test_storage import admission
+from storage.errors import StorageFull
+from storage.retention import (
+    IDEM_SWEEP_POS,
+    RETAINED_FROM,
+    RetentionSweep,
+    SweepResult,
+    run_retention,
+)
+from storage.writer import WriteJob, run_job_now
+from tests.unit.test_check import NOV, add_key, admit
 
 DAY = 86_400_000
+WEEK = 7 * DAY
 
 
-def idem_count(storage: Storage) -> int:
+def idem_keys(storage: Storage) -> list[bytes]:
     with storage.read() as txn:
-        return sum(1 for _ in txn.cursor(db=storage.dbs.idempotency))
+        return [bytes(k) for k, _ in txn.cursor(db=storage.dbs.idempotency)]
 
 
-def test_outbox_and_idempotency_retention(tmp_path: Path) -> None:
-    storage = Storage(tmp_path)
-    run_job_now(storage, admission(["old1", "old2"]), now_ms=1 * DAY)
-    run_job_now(storage, admission(["new1"]), now_ms=5 * DAY)
-    sweep = RetentionSweep(outbox_retention_ms=3 * DAY, idempotency_window_ms=7 * DAY)
-    result = run_job_now(storage, sweep, now_ms=6 * DAY)
+def outbox_eids(storage: Storage) -> list[str]:
+    return [r.eid for _, r in outbox.iter_outbox(storage)]
+
+
+def meta(storage: Storage, key: bytes) -> bytes | None:
+    with storage.read() as txn:
+        value = txn.get(key, db=storage.dbs.meta)
+    return bytes(value) if value is not None else None
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> Storage:
+    opened = Storage(tmp_path)
+    add_key(opened, "acme")
+    return opened
+
+
+def test_outbox_goes_after_retention_idempotency_after_its_window(storage: Storage) -> None:
+    admit(storage, ["old1", "old2"], now_ms=NOV)
+    admit(storage, ["new1"], now_ms=NOV + 4 * DAY)
+    sweep = RetentionSweep(3 * DAY, WEEK)
+    result = run_job_now(storage, sweep, now_ms=NOV + 3 * DAY)  # exactly the retention age
     assert (result.outbox_removed, result.idempotency_removed) == (2, 0)
-    assert [r.eid for _, r in outbox.iter_outbox(storage)] == ["new1"]
-    assert idem_count(storage) == 3  # ids are remembered for their whole window
-    result = run_job_now(storage, sweep, now_ms=8 * DAY + 1)
-    assert result.idempotency_removed == 2 and idem_count(storage) == 1
-    # a retry of a still-remembered id remains a duplicate
-    again = run_job_now(storage, admission(["new1"]), now_ms=8 * DAY + 2)
-    assert again.duplicate == [True]
+    assert result.retained_from == 3 and not result.more
+    assert outbox_eids(storage) == ["new1"]
+    assert meta(storage, RETAINED_FROM) == (3).to_bytes(8, "big")
+    assert len(idem_keys(storage)) == 3  # ids are remembered for their whole window
+    assert check(storage).problems == []
+    # one millisecond before the window ends, a retry is still recognised
+    just_inside = run_job_now(storage, sweep, now_ms=NOV + WEEK - 1)
+    assert just_inside.idempotency_removed == 0
+    assert admit(storage, ["old1"], now_ms=NOV + WEEK - 1).duplicate == [True]
+    at_end = run_job_now(storage, sweep, now_ms=NOV + WEEK)
+    assert at_end.idempotency_removed == 2 and len(idem_keys(storage)) == 1
+    assert admit(storage, ["new1"], now_ms=NOV + WEEK + 1).duplicate == [True]
+    assert check(storage).problems == []
 
 
-def test_consumer_cursor_holds_the_outbox(tmp_path: Path) -> None:
-    storage = Storage(tmp_path)
-    run_job_now(storage, admission(["a", "b", "c"]), now_ms=DAY)
+def test_consumer_cursors_hold_the_outbox(storage: Storage) -> None:
+    admit(storage, ["a", "b", "c"], now_ms=NOV)
     with storage.env.begin(write=True) as txn:
         txn.put(b"signals", (1).to_bytes(8, "big"), db=storage.dbs.cursors)
-    sweep = RetentionSweep(outbox_retention_ms=1, idempotency_window_ms=7 * DAY, consumers=["signals", "live"])
-    assert run_job_now(storage, sweep, now_ms=9 * DAY).outbox_removed == 0  # "live" has no cursor
+    sweep = RetentionSweep(1, WEEK, ["signals", "live"])
+    # "live" has no cursor yet: it holds everything
+    assert run_job_now(storage, sweep, now_ms=NOV + 9 * DAY).outbox_removed == 0
     with storage.env.begin(write=True) as txn:
         txn.put(b"live", (3).to_bytes(8, "big"), db=storage.dbs.cursors)
-    assert run_job_now(storage, sweep, now_ms=9 * DAY).outbox_removed == 1  # "signals" passed only seq 1
+    result = run_job_now(storage, sweep, now_ms=NOV + 9 * DAY)
+    assert result.outbox_removed == 1 and result.retained_from == 2  # "signals" passed only seq 1
+    assert outbox_eids(storage) == ["b", "c"]
+    # with no consumer registered, age alone decides
+    assert run_job_now(storage, RetentionSweep(1, WEEK), now_ms=NOV + 9 * DAY).outbox_removed == 2
+    assert check(storage).problems == []
 
 
-def test_sweeps_are_bounded_and_resume(tmp_path: Path) -> None:
-    storage = Storage(tmp_path)
-    run_job_now(storage, admission([f"e{i}" for i in range(10)]), now_ms=DAY)
-    sweep = RetentionSweep(outbox_retention_ms=DAY, idempotency_window_ms=DAY, batch=4)
-    totals = [0, 0]
-    for _ in range(5):
-        result = run_job_now(storage, sweep, now_ms=3 * DAY)
-        totals[0] += result.outbox_removed
-        totals[1] += result.idempotency_removed
-        if not result.more:
-            break
-    assert totals == [10, 10]
-    assert idempotency.ledger_key("acme", "e0")  # keys are still well-formed after deletes
+def test_outbox_batches_resume_and_mark_the_low_water(storage: Storage) -> None:
+    admit(storage, [f"e{i:02}" for i in range(10)], now_ms=NOV)
+    sweep = RetentionSweep(DAY, 30 * DAY, batch=4)
+    results = [run_job_now(storage, sweep, now_ms=NOV + 2 * DAY) for _ in range(3)]
+    assert [r.outbox_removed for r in results] == [4, 4, 2]
+    assert [r.retained_from for r in results] == [5, 9, 11]
+    assert [r.more for r in results] == [True, True, False]
+    assert outbox_eids(storage) == [] and check(storage).problems == []
+    assert run_job_now(storage, sweep, now_ms=NOV + 2 * DAY).retained_from == 11  # never moves back
+
+
+def test_idempotency_scan_resumes_and_wraps_around(storage: Storage) -> None:
+    # keys sort as a0..a2 (recent) before z0..z5 (expired)
+    admit(storage, ["z0", "z1", "z2", "z3", "z4", "z5"], now_ms=NOV)
+    admit(storage, ["a0", "a1", "a2"], now_ms=NOV + 10 * DAY)
+    sweep = RetentionSweep(365 * DAY, WEEK, batch=3)
+    now = NOV + 11 * DAY
+    first = run_job_now(storage, sweep, now_ms=now)
+    # the first three keys are live: nothing removed, but the scan moved on
+    assert (first.idempotency_scanned, first.idempotency_removed, first.more) == (3, 0, True)
+    assert meta(storage, IDEM_SWEEP_POS) == idempotency.ledger_key("acme", "z0")
+    second = run_job_now(storage, sweep, now_ms=now)
+    assert (second.idempotency_removed, second.more) == (3, True)
+    third = run_job_now(storage, sweep, now_ms=now)
+    assert (third.idempotency_removed, third.more) == (3, False)
+    assert meta(storage, IDEM_SWEEP_POS) is None  # reached the end: the next pass starts over
+    assert [k.split(b"\0")[1] for k in idem_keys(storage)] == [b"a0", b"a1", b"a2"]
+    later = run_job_now(storage, sweep, now_ms=NOV + 17 * DAY)
+    assert (later.idempotency_scanned, later.idempotency_removed) == (3, 3)
+
+
+def test_an_unreadable_outbox_record_stops_the_sweep(storage: Storage) -> None:
+    admit(storage, ["a", "b", "c"], now_ms=NOV)
+    with storage.env.begin(write=True) as txn:
+        txn.put(outbox.seq_key(2), b"\xc1", db=storage.dbs.outbox)
+    result = run_job_now(storage, RetentionSweep(1, WEEK), now_ms=NOV + DAY)
+    assert result.outbox_removed == 1 and result.retained_from == 2
+    with storage.read() as txn:
+        assert txn.get(outbox.seq_key(2), db=storage.dbs.outbox) == b"\xc1"
+
+
+class FakeWriter:
+    """Runs each submitted job at once in its own transaction, at a wall time that follows trio's clock."""
+
+    def __init__(self, storage: Storage, fail_at: frozenset[int] = frozenset()) -> None:
+        self.storage = storage
+        self.fail_at = fail_at
+        self.calls: list[float] = []
+
+    async def submit(self, job: WriteJob) -> Any:
+        await trio.lowlevel.checkpoint()
+        self.calls.append(trio.current_time())
+        if len(self.calls) in self.fail_at:
+            raise StorageFull("the data directory is full")
+        return run_job_now(
+            self.storage, job, now_ms=NOV + 2 * DAY + int(trio.current_time() * 1000)
+        )
+
+
+async def test_loop_repeats_while_batches_fill_then_waits(
+    storage: Storage, autojump_clock: Any
+) -> None:
+    admit(storage, [f"e{i}" for i in range(11)], now_ms=NOV)
+    writer = FakeWriter(storage)
+    sweep = RetentionSweep(DAY, 30 * DAY, batch=5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(partial(run_retention, interval_s=60), writer, sweep)
+        await trio.sleep(150)
+        nursery.cancel_scope.cancel()
+    # a pass over the outbox (5, 5, 1) and the ledger (5, 5, 1) at once, then one
+    # ledger pass per interval: its keys are ids, not times, so each pass reads it all
+    assert writer.calls == pytest.approx([0, 0.05, 0.1, 60.1, 60.15, 60.2, 120.2, 120.25, 120.3])
+    stats = sweep.statistics()
+    assert (stats.sweeps, stats.failures, stats.outbox_removed, stats.retained_from) == (
+        9,
+        0,
+        11,
+        12,
+    )
+    assert outbox_eids(storage) == []
+
+
+async def test_loop_survives_a_failed_sweep(storage: Storage, autojump_clock: Any) -> None:
+    admit(storage, ["a"], now_ms=NOV)
+    writer = FakeWriter(storage, fail_at=frozenset({1}))
+    sweep = RetentionSweep(DAY, 30 * DAY)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(partial(run_retention, interval_s=60), writer, sweep)
+        await trio.sleep(61)
+        nursery.cancel_scope.cancel()
+    assert writer.calls == [0, 60]
+    stats = sweep.statistics()
+    assert (stats.sweeps, stats.failures, stats.outbox_removed) == (1, 1, 1)
+
+
+def test_sweep_result_is_a_struct() -> None:
+    assert SweepResult(0, 0, 0, 0, False).more is False
+    with pytest.raises(ValueError, match="batch"):
+        RetentionSweep(1, 1, batch=0)

@@ -1,0 +1,247 @@
+"""Backups of a live LMDB environment and checked, atomic restores."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import msgspec
+import pytest
+
+import storage.backup as backup_module
+from storage import outbox
+from storage.backup import MANIFEST, BackupError, BackupManifest, backup, restore
+from storage.check import check
+from storage.env import FORMAT_VERSION, Storage
+from storage.errors import StorageError
+from tests.unit.test_check import add_key, admit
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Storage:
+    storage = Storage(tmp_path / "data")
+    add_key(storage, "acme")
+    admit(storage, ["a", "b", ("c", "click")])
+    return storage
+
+
+def eids(data_dir: Path) -> list[str]:
+    storage = Storage(data_dir)
+    try:
+        return [record.eid for _, record in outbox.iter_outbox(storage)]
+    finally:
+        storage.close()
+
+
+def listing(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def test_backup_writes_a_compacted_copy_and_its_manifest(live: Storage, tmp_path: Path) -> None:
+    dest = tmp_path / "backups" / "one"
+    manifest = backup(live, dest)
+    assert listing(dest) == ["MANIFEST.json", "data.mdb"]
+    data = (dest / "data.mdb").read_bytes()
+    assert manifest.sha256 == hashlib.sha256(data).hexdigest()
+    assert manifest.data_bytes == len(data)
+    assert (manifest.format, manifest.node_id, manifest.outbox_last_seq) == (
+        FORMAT_VERSION,
+        live.node_id,
+        3,
+    )
+    assert manifest.records["outbox"] == 3 and manifest.records["idempotency"] == 3
+    assert manifest.records["keys"] == 1 and manifest.records["counters"] == 2
+    on_disk = json.loads((dest / MANIFEST).read_text())
+    assert on_disk["outboxLastSeq"] == 3 and on_disk["dataBytes"] == len(data)
+    assert msgspec.json.decode((dest / MANIFEST).read_bytes(), type=BackupManifest) == manifest
+    # the source stays open and writable: an online backup
+    admit(live, ["d"])
+    assert backup(live, tmp_path / "two").outbox_last_seq == 4
+
+
+def test_backup_is_one_snapshot(live: Storage, tmp_path: Path) -> None:
+    dest = tmp_path / "snap"
+    original = live.read
+
+    def read_then_write() -> Any:
+        txn = original()
+        admit(live, ["after-snapshot"])  # commits while the backup's snapshot is open
+        return txn
+
+    live.read = read_then_write  # type: ignore[method-assign]
+    manifest = backup(live, dest)
+    live.read = original  # type: ignore[method-assign]
+    assert manifest.outbox_last_seq == 3 and manifest.records["outbox"] == 3
+    restored = tmp_path / "restored"
+    restore(dest, restored)
+    assert eids(restored) == ["a", "b", "c"]
+
+
+def test_backup_refuses_a_non_empty_destination(live: Storage, tmp_path: Path) -> None:
+    dest = tmp_path / "busy"
+    dest.mkdir()
+    (dest / "keep.txt").write_text("mine")
+    with pytest.raises(BackupError, match="not an empty directory"):
+        backup(live, dest)
+    assert listing(dest) == ["keep.txt"]
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(BackupError, match="not an empty directory"):
+        backup(live, tmp_path / "afile")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert backup(live, empty).outbox_last_seq == 3  # an empty directory is fine
+
+
+def test_failed_backup_leaves_nothing(live: Storage, tmp_path: Path) -> None:
+    class BrokenEnv:
+        def __init__(self, env: lmdb.Environment) -> None:
+            self.env = env
+
+        def copy(self, path: str, **kwargs: object) -> None:
+            Path(path, "data.mdb").write_bytes(b"partial")
+            raise lmdb.DiskError("disk went away")
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.env, name)
+
+    real = live.env
+    live.env = BrokenEnv(real)  # type: ignore[assignment]
+    try:
+        with pytest.raises(StorageError, match="disk went away"):
+            backup(live, tmp_path / "never")
+    finally:
+        live.env = real
+    assert not (tmp_path / "never").exists()
+
+
+def test_restore_round_trip(live: Storage, tmp_path: Path) -> None:
+    manifest = backup(live, tmp_path / "bk")
+    node_id = live.node_id
+    live.close()
+    restored = tmp_path / "restored"
+    assert restore(tmp_path / "bk", restored) == manifest
+    assert listing(tmp_path) == ["bk", "data", "restored"]  # no staging left beside it
+    storage = Storage(restored)
+    try:
+        assert storage.node_id == node_id
+        assert [r.eid for _, r in outbox.iter_outbox(storage)] == ["a", "b", "c"]
+        assert check(storage).problems == []
+        # receipts continue after the restored sequence
+        assert admit(storage, ["e"]).receipt_ids == [outbox.receipt_id(node_id, 4)]
+    finally:
+        storage.close()
+
+
+def test_restore_into_an_empty_directory_needs_no_force(live: Storage, tmp_path: Path) -> None:
+    backup(live, tmp_path / "bk")
+    target = tmp_path / "empty"
+    target.mkdir()
+    restore(tmp_path / "bk", target)
+    assert eids(target) == ["a", "b", "c"]
+
+
+def test_checksum_mismatch_changes_nothing(live: Storage, tmp_path: Path) -> None:
+    backup(live, tmp_path / "bk")
+    data = tmp_path / "bk" / "data.mdb"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    before = listing(tmp_path)
+    with pytest.raises(
+        BackupError, match=r"^checksum mismatch: .*data\.mdb has SHA-256 [0-9a-f]{64}"
+    ):
+        restore(tmp_path / "bk", tmp_path / "target")
+    assert listing(tmp_path) == before
+    # the live directory is not touched either, even with force
+    with pytest.raises(BackupError, match="checksum mismatch"):
+        restore(tmp_path / "bk", live.path, force=True)
+    assert [r.eid for _, r in outbox.iter_outbox(live)] == ["a", "b", "c"]
+
+
+def test_truncated_or_unfinished_backups_are_refused(live: Storage, tmp_path: Path) -> None:
+    backup(live, tmp_path / "bk")
+    data = tmp_path / "bk" / "data.mdb"
+    data.write_bytes(data.read_bytes()[:-4096])
+    with pytest.raises(BackupError, match="size mismatch"):
+        restore(tmp_path / "bk", tmp_path / "t1")
+    (tmp_path / "bk" / MANIFEST).unlink()
+    with pytest.raises(BackupError, match="no readable MANIFEST.json"):
+        restore(tmp_path / "bk", tmp_path / "t2")
+    (tmp_path / "bk" / MANIFEST).write_text('{"format": 1}')
+    with pytest.raises(BackupError, match="is not a backup manifest"):
+        restore(tmp_path / "bk", tmp_path / "t3")
+    assert not (tmp_path / "t1").exists() and not (tmp_path / "t2").exists()
+
+
+def test_newer_format_is_refused(live: Storage, tmp_path: Path) -> None:
+    with live.env.begin(write=True) as txn:
+        txn.put(b"format", str(FORMAT_VERSION + 1).encode(), db=live.dbs.meta)
+    assert backup(live, tmp_path / "bk").format == FORMAT_VERSION + 1
+    with pytest.raises(BackupError, match="upgrade the collector"):
+        restore(tmp_path / "bk", tmp_path / "target")
+    assert not (tmp_path / "target").exists()
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-renames"])
+def test_force_replaces_a_non_empty_directory(
+    live: Storage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
+) -> None:
+    backup(live, tmp_path / "bk")
+    live.close()
+    other = Storage(tmp_path / "other")
+    admit(other, ["x", "y"])
+    other.close()
+    with pytest.raises(BackupError, match="is not empty; pass --force to replace it"):
+        restore(tmp_path / "bk", tmp_path / "other")
+    assert eids(tmp_path / "other") == ["x", "y"]
+    if not exchange:
+        monkeypatch.setattr(backup_module, "_exchange", lambda a, b: False)
+    restore(tmp_path / "bk", tmp_path / "other", force=True)
+    assert eids(tmp_path / "other") == ["a", "b", "c"]
+    assert listing(tmp_path) == ["bk", "data", "other"]
+
+
+def test_restore_through_a_symlinked_data_dir(live: Storage, tmp_path: Path) -> None:
+    # DynamicUser makes /var/lib/collector a symlink into /var/lib/private.
+    backup(live, tmp_path / "bk")
+    live.close()
+    private = tmp_path / "private" / "collector"
+    other = Storage(private)
+    admit(other, ["x"])
+    other.close()
+    link = tmp_path / "collector"
+    link.symlink_to(private)
+    restore(tmp_path / "bk", link, force=True)
+    assert link.is_symlink() and link.resolve() == private.resolve()
+    assert eids(private) == ["a", "b", "c"]
+
+
+def test_restore_refuses_a_directory_a_collector_has_open(live: Storage, tmp_path: Path) -> None:
+    backup(live, tmp_path / "bk")
+    live.close()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from storage.env import Storage; s = Storage(sys.argv[1]);"
+            " print('open', flush=True); time.sleep(60)",
+            str(live.path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parents[2],
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
+        with pytest.raises(BackupError, match="open in a running collector; stop it"):
+            restore(tmp_path / "bk", live.path, force=True)
+    finally:
+        holder.kill()
+        holder.wait()
+    restore(tmp_path / "bk", live.path, force=True)
+    assert eids(live.path) == ["a", "b", "c"]
