@@ -25,6 +25,7 @@ from quart_trio import QuartTrio
 from collector import systemd
 from collector.access.keycache import KeyCache
 from collector.demo import DEMO_TENANTS
+from collector.fieldkeys import key_file_path, load_or_create
 from collector.http.asgi import Receive, Scope, Send, send_response
 from collector.http.ingest import make_ingest_handler
 from collector.http.ops import register_ops_routes
@@ -65,6 +66,7 @@ def build_services(
     )
     keys = KeyCache(storage, ttl=settings.key_cache_ttl, negative_ttl=settings.key_negative_ttl)
     services = Services(
+        sealer=load_or_create(key_file_path(settings)),
         settings=settings,
         storage=storage,
         writer=writer,
@@ -120,6 +122,7 @@ def build_asgi(services: Services) -> Router:
     router = Router(quart, services)
     router.add("/v1/events", make_ingest_handler(services, edge=False))
     router.add("/v1/edge/pageview", make_ingest_handler(services, edge=True))
+    router.add("/v1/consent", make_ingest_handler(services, edge=False, consent=True))
     if services.settings.bench_routes:
         router.add("/_bench/noop", noop_handler)
     return router

@@ -255,13 +255,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:
         return int(exit_.code or 0)
     func: Callable[[argparse.Namespace], int] = args.func
+    from collector.fieldkeys import KeyFileError
     from collector.tenants_admin import KeyAdminError
     from storage.backup import BackupError
     from storage.errors import FormatError
 
     try:
         return func(args)
-    except (UsageError, SettingsError, TenantsFileError, KeyAdminError, FormatError, BackupError) as exc:
+    except (
+        UsageError, SettingsError, TenantsFileError, KeyAdminError, FormatError, BackupError, KeyFileError
+    ) as exc:
         print(f"collector: {exc}", file=sys.stderr)
         return 2
     except StorageError as exc:

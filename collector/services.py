@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from collector.access.keycache import KeyCache
+from collector.ingest.sealing import FieldSealer
 from collector.limits.buckets import RateLimiter
 from collector.metrics import Metrics
 from collector.settings import Settings
@@ -26,6 +27,7 @@ class Services:
     keys: KeyCache
     limiter: RateLimiter
     metrics: Metrics
+    sealer: FieldSealer  # seals form values and raw identity fields before storage
     # Wall-clock seconds; tests pass a clock they can move (period rollover).
     clock: Callable[[], float] = field(default=wall_clock)
 

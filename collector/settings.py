@@ -29,6 +29,8 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     # access: key cache (spec 5.6)
     key_cache_ttl: Annotated[float, msgspec.Meta(ge=0)] = 120.0
     key_negative_ttl: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+    # privacy: the field-encryption key file (default: field-keys.json in data_dir)
+    field_key_file: str | None = None
     # ingest
     idempotency_window_hours: Annotated[float, msgspec.Meta(ge=24)] = 7 * 24.0
     # retention (outbox entries also wait for every registered consumer)

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from storage import counters, idempotency, outbox
+from storage import consent, counters, idempotency, outbox
 from storage.writer import JobRefused, WriteContext
 
 
@@ -21,6 +21,9 @@ class Candidate(msgspec.Struct, frozen=True):
     content_hash: bytes
     stored: bytes
     unit: str | None  # the counter kind it draws on, None for none
+    # A consent transition also records the visitor's latest state (newest wins).
+    consent_key: bytes | None = None
+    consent_state: consent.RecordedConsent | None = None
 
 
 class Conflict(msgspec.Struct, frozen=True):
@@ -172,6 +175,12 @@ class Admission:
             # GIL on each call, which is slow while the event loop is busy.
             txn.cursor(db=dbs.outbox).putmulti(outbox_rows, append=True)
             txn.cursor(db=dbs.idempotency).putmulti(ledger_rows)
+            for index in new:
+                cand = self.candidates[index]
+                if cand.consent_key is not None and cand.consent_state is not None:
+                    stored_state = txn.get(cand.consent_key, db=dbs.consent)
+                    if consent.newer(cand.consent_state, stored_state):
+                        txn.put(cand.consent_key, consent.encode(cand.consent_state), db=dbs.consent)
             txn.cursor(db=dbs.counters).putmulti(
                 [
                     (counter_keys[unit], counters.encode_value(used[unit] + amount))

@@ -180,7 +180,7 @@ def read_manifest(src: Path) -> BackupManifest:
 def _format_of(src: Path) -> int:
     """The format marker inside a backup copy, read without writing to src."""
     try:
-        env = lmdb.open(str(src), readonly=True, lock=False, max_dbs=len(DB_NAMES) + 4, subdir=True)
+        env = lmdb.open(str(src), readonly=True, lock=False, max_dbs=len(DB_NAMES) + 8, subdir=True)
     except lmdb.Error as exc:
         raise BackupError(f"{src / DATA_FILE} is not an LMDB environment: {exc}") from None
     try:

@@ -13,6 +13,7 @@ with tenants and periods, not with events), and reports:
   key bills into its own clientId is compared (other clients pooling into it
   only raise its counter); other clients are skipped with a note. Counters
   may legitimately be higher: retention removes outbox rows, not counts.
+- the reveal audit log's hash chain is intact (no entry edited or removed).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import lmdb
 import msgspec
 
 from storage import counters, idempotency, outbox
+from storage.audit import verify_chain
 from storage.env import Storage
 from storage.errors import mapped_lmdb_errors
 from storage.retention import RETAINED_FROM
@@ -226,4 +228,6 @@ def check(storage: Storage, *, max_problems: int = 100) -> CheckReport:
         checker.outbox()
         checker.idempotency()
         checker.usage()
+    for problem in verify_chain(storage):
+        checker.problem(problem)
     return checker.report

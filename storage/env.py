@@ -1,9 +1,9 @@
 """The one LMDB environment of a data directory and its named databases.
 
 Every durable thing the service keeps lives here: key records, idempotency
-records, usage counters, the outbox and the consumer cursors. Commits are
-durable (sync and metasync on, no writemap: a full disk then fails a commit
-with an error instead of a SIGBUS). The map starts small and sparse and
+records, usage counters, the outbox, the consumer cursors, visitors' consent
+and the reveal audit log. Commits are durable (sync and metasync on, no
+writemap: a full disk then fails a commit with an error instead of a SIGBUS). The map starts small and sparse and
 doubles when a write transaction fills it.
 """
 
@@ -21,7 +21,7 @@ from storage.errors import FormatError, mapped_lmdb_errors
 from storage.migrations import MIGRATIONS
 
 FORMAT_VERSION = 1
-DB_NAMES = ("meta", "keys", "idempotency", "counters", "outbox", "cursors")
+DB_NAMES = ("meta", "keys", "idempotency", "counters", "outbox", "cursors", "consent", "audit")
 DEFAULT_MAP_SIZE = 64 * 1024 * 1024
 DEFAULT_MAX_MAP_SIZE = 1 << 40  # a terabyte of address space: the disk ends first
 
@@ -35,6 +35,8 @@ class Databases:
     counters: lmdb._Database
     outbox: lmdb._Database
     cursors: lmdb._Database
+    consent: lmdb._Database  # clientId, siteId, visitorId -> the visitor's latest consent
+    audit: lmdb._Database  # the hash-chained reveal audit log (append-only)
 
 
 class Storage:
@@ -56,7 +58,7 @@ class Storage:
             self.env = lmdb.open(
                 str(self.path),
                 map_size=map_size,
-                max_dbs=len(DB_NAMES) + 4,
+                max_dbs=len(DB_NAMES) + 8,
                 max_readers=512,
                 sync=True,
                 metasync=True,

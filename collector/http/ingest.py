@@ -1,4 +1,4 @@
-"""POST /v1/events and POST /v1/edge/pageview as a thin raw-ASGI handler.
+"""POST /v1/events, /v1/edge/pageview and /v1/consent as one thin raw-ASGI handler.
 
 request -> gate (no storage) -> rate bucket -> body -> pure pipeline ->
 group-commit admission -> 202. Every refusal is a ServiceError rendered by
@@ -20,6 +20,7 @@ from collector.access.tenants import KeyType
 from collector.errors import RawErrorBody, ServiceError, render_error
 from collector.http.access_log import log_request
 from collector.http.asgi import ClientGone, Receive, Request, Scope, Send, read_body, send_response
+from collector.http.consent_body import consent_to_event
 from collector.http.edge_body import edge_to_event
 from collector.http.headers import (
     billing_block,
@@ -30,7 +31,7 @@ from collector.http.headers import (
     usage_headers,
 )
 from collector.ingest import decompress_body, prepare_batch, refuse_payment_data
-from collector.ingest.model import IngestContext, MeterKind, PreparedBatch
+from collector.ingest.model import AcceptedEvent, IngestContext, MeterKind, PreparedBatch
 from collector.limits.buckets import rate_headers, refusal
 from collector.limits.rates import bucket_id, scope_rate
 from collector.limits.usage import (
@@ -53,6 +54,7 @@ from storage.admission import (
     Conflict,
     MeteringUnavailable,
 )
+from storage.consent import RecordedConsent, consent_key, read_consent
 from storage.errors import StorageError, WriterBusy
 from storage.idempotency import public_ledger_key
 from storage.writer import JobRefused
@@ -67,9 +69,9 @@ _encoder = msgspec.json.Encoder()
 
 
 def make_ingest_handler(
-    services: Services, *, edge: bool
+    services: Services, *, edge: bool, consent: bool = False
 ) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
-    route = "/v1/edge/pageview" if edge else "/v1/events"
+    route = "/v1/consent" if consent else "/v1/edge/pageview" if edge else "/v1/events"
     access_log = services.settings.access_log
 
     async def handle(scope: Scope, receive: Receive, send: Send) -> None:
@@ -89,7 +91,7 @@ def make_ingest_handler(
                 return
             if request.method != "POST":
                 raise ServiceError("method_not_allowed", f"{route} accepts POST only")
-            status, body = await _ingest(services, request, receive, headers, edge, seen)
+            status, body = await _ingest(services, request, receive, headers, route, seen)
         except ServiceError as error:
             status, body, error_code = error.status, render_error(error), error.code
             headers.extend(error.response_headers().items())
@@ -145,7 +147,7 @@ async def _ingest(
     request: Request,
     receive: Receive,
     headers: list[tuple[str, str]],
-    edge: bool,
+    route: str,
     seen: Seen,
 ) -> tuple[int, bytes]:
     hdr = request.headers
@@ -183,10 +185,20 @@ async def _ingest(
             now_s=now_ms / 1000,
         )
     body = decompress_body(raw, hdr.get("content-encoding"), hdr.get("content-type"))
-    if edge:
-        # The translation keeps only known fields: scan the request as sent first.
+    if route != "/v1/events":
+        # The translations keep only known fields: scan the request as sent first.
         refuse_payment_data(body)
-        body = edge_to_event(body, user_agent=hdr.get("user-agent"), now_ms=now_ms)
+        if route == "/v1/edge/pageview":
+            body = edge_to_event(body, user_agent=hdr.get("user-agent"), now_ms=now_ms)
+        else:
+            body = consent_to_event(body, now_ms=now_ms)
+    storage = services.storage
+    client_id, site_id = record.clientId, site.siteId
+
+    def identity_denial(visitor_id: str) -> bool:
+        recorded = read_consent(storage, client_id, site_id, visitor_id)
+        return recorded is not None and recorded.identity_resolution is False
+
     context = IngestContext(
         client_id=record.clientId,
         site_id=site.siteId,
@@ -198,6 +210,8 @@ async def _ingest(
         strict_consent=site.strictConsent,
         client_ip=request.client_ip,
         request_headers=tuple(hdr.items()),
+        sealer=services.sealer,
+        identity_denial=identity_denial,
     )
     prepared = prepare_batch(body, context)
     policy = policy_for(record)
@@ -261,9 +275,7 @@ async def _admit(
         key_type=key_type,
         account=policy.account,
         period=period,
-        candidates=[
-            Candidate(ev.eid, ev.content_hash, ev.stored, _UNIT_OF[ev.meter]) for ev in prepared.accepted
-        ],
+        candidates=[_candidate(client_id, site_id, ev) for ev in prepared.accepted],
         window_ms=int(services.settings.idempotency_window_hours * 3_600_000),
         budget=budget,
         units=UNITS,
@@ -293,6 +305,22 @@ async def _admit(
             ) from None
         raise
     return result
+
+
+def _candidate(client_id: str, site_id: str, ev: AcceptedEvent) -> Candidate:
+    state = ev.consent_state
+    if state is None:
+        return Candidate(ev.eid, ev.content_hash, ev.stored, _UNIT_OF[ev.meter])
+    return Candidate(
+        ev.eid,
+        ev.content_hash,
+        ev.stored,
+        _UNIT_OF[ev.meter],
+        consent_key=consent_key(client_id, site_id, state.visitor_id),
+        consent_state=RecordedConsent(
+            state.at_ms, state.analytics, state.identityResolution, state.thirdPartySharing, state.eid
+        ),
+    )
 
 
 def _current_usage(services: Services, policy: UsagePolicy, period: str) -> UsageSnapshot:

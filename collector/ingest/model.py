@@ -8,8 +8,14 @@ writer admits the accepted candidates in one transaction.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import msgspec
+
+if TYPE_CHECKING:
+    from collector.ingest.consent import ConsentState
+    from collector.ingest.sealing import FieldSealer
 
 
 class MeterKind(enum.StrEnum):
@@ -32,6 +38,9 @@ class IngestContext(msgspec.Struct, frozen=True, kw_only=True):
     strict_consent: bool = False  # the bound property drops events without analytics consent
     client_ip: str | None = None
     request_headers: tuple[tuple[str, str], ...] = ()  # lower-cased names, for bot heuristics
+    sealer: FieldSealer | None = None  # seals form values and raw identity fields
+    # visitorId -> True when the visitor's recorded consent denies identity resolution
+    identity_denial: Callable[[str], bool] | None = None
 
 
 class AcceptedEvent(msgspec.Struct, frozen=True):
@@ -45,6 +54,7 @@ class AcceptedEvent(msgspec.Struct, frozen=True):
     meter: MeterKind
     is_bot: bool = False
     bot_category: str | None = None
+    consent_state: ConsentState | None = None  # set for _consent_transition events
 
 
 class EventIssue(msgspec.Struct, frozen=True):

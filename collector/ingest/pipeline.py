@@ -15,8 +15,10 @@ import msgspec
 import xxhash
 
 from collector.errors import ServiceError
+from collector.ingest.consent import consent_drop_reason, identity_denied, state_of
 from collector.ingest.model import (
     AcceptedEvent,
+    DroppedEvent,
     EventIssue,
     IngestContext,
     MeterKind,
@@ -24,7 +26,16 @@ from collector.ingest.model import (
     RejectedEvent,
 )
 from collector.ingest.payment import find_payment_data
-from collector.ingest.schema import AnyEvent, Batch, ConsentTransition, Enrichment, Pageview
+from collector.ingest.privacy import apply_form_floor
+from collector.ingest.schema import (
+    AnyEvent,
+    Batch,
+    ConsentTransition,
+    Enrichment,
+    Form,
+    Pageview,
+)
+from collector.ingest.sealing import seal_sensitive
 from collector.ingest.validate import check_event, rewrite_platform
 
 MAX_BATCH = 25
@@ -113,6 +124,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
 
     accepted: list[AcceptedEvent] = []
     rejected: list[RejectedEvent] = []
+    dropped: list[DroppedEvent] = []
     missing_ids: list[int] = []
     for index, raw in enumerate(raws):
         try:
@@ -130,14 +142,31 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
         if eid is None:
             missing_ids.append(index)
             continue
+        # Consent and the privacy floor decide before anything is hashed,
+        # counted or stored (spec 4.1 rule 9, 2.3 form).
+        drop = consent_drop_reason(event, ctx.strict_consent)
+        if drop is None and identity_denied(event, ctx.identity_denial):
+            drop = "identity_consent_denied"
+        withheld = None
+        to_store = event
+        if drop is None and isinstance(event, Form):
+            floor = apply_form_floor(event)
+            drop, to_store, withheld = floor.drop_reason, floor.form, floor.withheld
+        if drop is not None:
+            dropped.append(DroppedEvent(index, eid, drop))
+            continue
+        # The idempotency hash covers the event as the client sent it.
         client_json = _encoder.encode(event)
         content_hash = xxhash.xxh3_128_digest(client_json)
+        to_store = seal_sensitive(to_store, ctx.sealer, ctx.client_id, eid)
         client_ts = None
         if abs(event.timestamp - ctx.now_ms) > SKEW_MS:
             client_ts = event.timestamp
-            client_json = _encoder.encode(msgspec.structs.replace(event, timestamp=ctx.now_ms))
+            to_store = msgspec.structs.replace(to_store, timestamp=ctx.now_ms)
+        if to_store is not event:
+            client_json = _encoder.encode(to_store)
         enrichment = _encoder.encode(
-            Enrichment(eid, ctx.client_id, ctx.site_id, ctx.now_ms, client_ts)
+            Enrichment(eid, ctx.client_id, ctx.site_id, ctx.now_ms, client_ts, withheld)
         )
         # Splice the server fields into the client object: {...client..., ...server...}
         stored = client_json[:-1] + b"," + enrichment[1:]
@@ -147,7 +176,15 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
                 f"event {index} is {len(stored)} bytes after enrichment, over {MAX_STORED_EVENT}",
             )
         accepted.append(
-            AcceptedEvent(index, eid, event.__struct_config__.tag, content_hash, stored, _meter(event))  # type: ignore[arg-type]
+            AcceptedEvent(
+                index,
+                eid,
+                event.__struct_config__.tag,  # type: ignore[arg-type]
+                content_hash,
+                stored,
+                _meter(event),
+                consent_state=state_of(event, eid) if isinstance(event, ConsentTransition) else None,
+            )
         )
     if missing_ids:
         raise ServiceError(
@@ -155,7 +192,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
             "every event needs an _eid, or the request an Idempotency-Key header;"
             f" missing at index {', '.join(map(str, missing_ids))}",
         )
-    if rejected and not accepted:
+    if rejected and not accepted and not dropped:
         if single:
             issues = rejected[0].issues
             raise ServiceError(
@@ -175,7 +212,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
                 for r in rejected
             ],
         )
-    return PreparedBatch(len(raws), single, accepted, rejected, [])
+    return PreparedBatch(len(raws), single, accepted, rejected, dropped)
 
 
 def _raw_eid(decoded: Any, index: int, single: bool) -> str | None:

@@ -169,3 +169,4 @@ class Enrichment(msgspec.Struct, frozen=True, omit_defaults=True):
     siteId: str
     receivedAt: int
     clientTimestamp: Number | None = None
+    privacyWithheld: dict[str, str] | None = None  # form field -> privacy class (privacy floor)

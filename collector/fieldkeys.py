@@ -1,0 +1,90 @@
+"""The field-encryption key file: created on first use, owner-only, rotatable.
+
+    {"active": "k2", "keys": {"k1": "<base64 of 32 bytes>", "k2": "..."}}
+
+By default it is `field-keys.json` in the data directory, created with mode
+0600 the first time the collector needs it; an operator may keep it elsewhere
+(`field_key_file`, for example a systemd credential). A file readable by
+group or others is refused. `collector keys rotate-field-key` adds a key and
+makes it active (for a running server, from its next start); older keys
+stay so older values still open. Backups of the
+LMDB environment do not include this file: back it up separately, since
+sealed values cannot be revealed without it.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import stat
+from pathlib import Path
+
+import msgspec
+
+from collector.ingest.sealing import FieldSealer
+from collector.settings import Settings
+
+DEFAULT_NAME = "field-keys.json"
+
+
+class KeyFileError(Exception):
+    """The key file cannot be used; the message says why."""
+
+
+class _KeyFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    active: str
+    keys: dict[str, str]
+
+
+def key_file_path(settings: Settings) -> Path:
+    return Path(settings.field_key_file or Path(settings.data_dir) / DEFAULT_NAME)
+
+
+def _write_new(path: Path, content: _KeyFile) -> None:
+    """Write atomically with owner-only permissions from the first byte."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(msgspec.json.format(msgspec.json.encode(content)))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temp, path)
+
+
+def _read(path: Path) -> _KeyFile:
+    mode = path.stat().st_mode
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise KeyFileError(f"field key file {path} is readable by others: chmod 600 it")
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=_KeyFile)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise KeyFileError(f"field key file {path} is not valid: {exc}") from None
+
+
+def _sealer(content: _KeyFile, path: Path) -> FieldSealer:
+    try:
+        keys = {kid: base64.b64decode(value, validate=True) for kid, value in content.keys.items()}
+        return FieldSealer(keys, content.active)
+    except ValueError as exc:
+        raise KeyFileError(f"field key file {path}: {exc}") from None
+
+
+def load_or_create(path: Path) -> FieldSealer:
+    """The sealer for the key file at `path`, creating the file with one key if absent."""
+    if not path.exists():
+        try:
+            _write_new(path, _KeyFile("k1", {"k1": base64.b64encode(os.urandom(32)).decode()}))
+        except FileExistsError:
+            pass  # another process created it at the same moment
+    return _sealer(_read(path), path)
+
+
+def rotate(path: Path) -> str:
+    """Add a fresh key, make it active, keep the old ones; returns the new key id."""
+    content = _read(path) if path.exists() else _KeyFile("k0", {})
+    number = 1 + max((int(kid[1:]) for kid in content.keys if kid[1:].isdigit()), default=0)
+    new_id = f"k{number}"
+    keys = {**content.keys, new_id: base64.b64encode(os.urandom(32)).decode()}
+    _write_new(path, _KeyFile(new_id, keys))  # an atomic replace: never a moment without keys
+    return new_id

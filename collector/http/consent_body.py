@@ -1,0 +1,60 @@
+"""POST /v1/consent: the consent body and its translation into a `_consent_transition` event.
+
+A consent-management callback on the page (or a backend) records a
+visitor's decision:
+
+    {"visitorId": "v1", "sessionId": "s1",
+     "consent": {"analytics": true, "identityResolution": false, "thirdPartySharing": false},
+     "timestamp": 1763800000000, "_eid": "optional"}
+
+`visitorId` and `consent.analytics` are required; `sessionId` defaults to
+"consent" and `timestamp` to the time of receipt (`consent.timestamp` to
+`timestamp`). Without `_eid` the id is `consent:<visitorId>:<timestamp>`, so a
+retry of the same decision is a duplicate. The event runs through the same
+gate, site scope, validation and admission as POST /v1/events; admission also
+records it as the visitor's latest consent (a newer decision is never
+replaced by an older one). It never carries page content and counts toward no
+allowance.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from collector.errors import ServiceError
+
+
+class ConsentBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    visitorId: str
+    consent: dict[str, Any]
+    sessionId: str = "consent"
+    timestamp: int | float | None = None
+    eid: str | None = msgspec.field(default=None, name="_eid")
+
+
+_decoder = msgspec.json.Decoder(ConsentBody)
+_encoder = msgspec.json.Encoder()
+
+
+def consent_to_event(body: bytes, *, now_ms: int) -> bytes:
+    """The `_consent_transition` event body; raises ServiceError on a bad body."""
+    try:
+        request = _decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise ServiceError("validation_error", f"invalid consent body: {exc}") from None
+    except msgspec.DecodeError:
+        raise ServiceError("invalid_json", "body is not valid JSON") from None
+    timestamp = request.timestamp if request.timestamp is not None else now_ms
+    consent = dict(request.consent)
+    consent.setdefault("timestamp", timestamp)
+    event = {
+        "type": "_consent_transition",
+        "_eid": request.eid or f"consent:{request.visitorId}:{int(timestamp)}",
+        "visitorId": request.visitorId,
+        "sessionId": request.sessionId,
+        "timestamp": timestamp,
+        "consent": consent,
+    }
+    return _encoder.encode(event)

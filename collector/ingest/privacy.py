@@ -1,0 +1,200 @@
+"""The form privacy floor (spec 2.3, form): what is never captured, whatever the configuration.
+
+A form field is classified from three kinds of evidence:
+
+- its name (the key in `values`, a name in `raw_fields`, a file entry's
+  `field`), split into lower-case words (`cardNumber`, `card-number` and
+  `card_number` all give `card number`);
+- its declared type in `raw_fields` (HTML autocomplete tokens such as
+  `cc-number`, `cc-csc`, or input types such as `password`);
+- its value (a US social security number, an IBAN that passes its mod-97
+  check).
+
+Classes: `payment` (card number, CVV, expiry, card holder), `government_id`
+(SSN, passport, driver's licence, national or tax id), `financial` (bank
+account, IBAN, routing or sort code, income), `health` (diagnosis,
+medication, allergies, insurance member id, ...) and `secret` (passwords and
+one-time codes: no production collector stores those either).
+
+A field of any class loses its value (and its file metadata); the event keeps
+the remaining fields, and the stored event names the withheld fields and
+their classes in the server field `privacyWithheld`. A form
+recognised as a checkout is dropped whole: it has a payment field, or its
+`formId` / `form_selector` names a checkout or payment form.
+
+Card numbers themselves never get this far: the payment scan refuses the
+whole request first (spec 4.1 rule 5). Pure functions, no I/O.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import msgspec
+
+from collector.ingest.schema import FileMeta, Form
+
+_WORDS = re.compile(r"[a-z]+|[0-9]+")
+_CAMEL = re.compile(r"([a-z0-9])([A-Z])")
+
+# Single words that decide a class on their own.
+_WORD_CLASS: dict[str, str] = {
+    # payment
+    "cvv": "payment", "cvv2": "payment", "cvc": "payment", "cvc2": "payment", "csc": "payment",
+    "ccv": "payment", "cardholder": "payment", "creditcard": "payment", "cardnumber": "payment",
+    "ccnumber": "payment", "ccnum": "payment", "ccexp": "payment",
+    # government id
+    "ssn": "government_id", "passport": "government_id", "itin": "government_id",
+    "nino": "government_id", "aadhaar": "government_id", "nric": "government_id",
+    "cpf": "government_id", "curp": "government_id", "bsn": "government_id",
+    "dni": "government_id", "personnummer": "government_id", "ssnlast4": "government_id",
+    # financial
+    "iban": "financial", "bic": "financial", "swiftcode": "financial", "routing": "financial",
+    "aba": "financial", "income": "financial", "salary": "financial", "bankaccount": "financial",
+    # health
+    "diagnosis": "health", "diagnoses": "health", "medication": "health",
+    "medications": "health", "prescription": "health", "prescriptions": "health",
+    "allergy": "health", "allergies": "health", "symptom": "health", "symptoms": "health",
+    "medical": "health", "health": "health", "patient": "health", "pregnancy": "health",
+    "disability": "health", "treatment": "health", "mrn": "health", "icd": "health",
+    "hiv": "health", "vaccination": "health", "immunization": "health",
+    # secrets
+    "password": "secret", "passwd": "secret", "pwd": "secret", "passcode": "secret",
+    "otp": "secret",
+}  # fmt: skip
+
+# Pairs of words (in order, adjacent) that decide a class together.
+_PAIR_CLASS: dict[tuple[str, str], str] = {
+    ("card", "number"): "payment", ("card", "num"): "payment", ("card", "no"): "payment",
+    ("card", "expiry"): "payment", ("card", "exp"): "payment", ("card", "expiration"): "payment",
+    ("card", "code"): "payment", ("card", "cvv"): "payment", ("card", "cvc"): "payment",
+    ("card", "holder"): "payment", ("cc", "number"): "payment", ("cc", "exp"): "payment",
+    ("cc", "name"): "payment", ("cc", "csc"): "payment", ("cc", "cvv"): "payment",
+    ("security", "code"): "payment", ("credit", "card"): "payment", ("debit", "card"): "payment",
+    ("name", "on"): "payment",  # "name on card"
+    ("social", "security"): "government_id", ("national", "id"): "government_id",
+    ("national", "insurance"): "government_id", ("tax", "id"): "government_id",
+    ("taxpayer", "id"): "government_id", ("tax", "number"): "government_id",
+    ("drivers", "license"): "government_id", ("driver", "license"): "government_id",
+    ("driving", "licence"): "government_id", ("driver", "licence"): "government_id",
+    ("license", "number"): "government_id", ("licence", "number"): "government_id",
+    ("id", "number"): "government_id", ("sin", "number"): "government_id",
+    ("account", "number"): "financial", ("account", "no"): "financial",
+    ("account", "num"): "financial", ("bank", "account"): "financial",
+    ("bank", "name"): "financial", ("sort", "code"): "financial",
+    ("routing", "number"): "financial", ("annual", "income"): "financial",
+    ("swift", "code"): "financial", ("swift", "bic"): "financial",
+    ("insurance", "id"): "health", ("insurance", "member"): "health",
+    ("policy", "number"): "health",
+    ("blood", "type"): "health", ("medical", "history"): "health",
+    ("one", "time"): "secret", ("pin", "number"): "secret", ("card", "pin"): "payment",
+}  # fmt: skip
+
+# raw_fields types: HTML autocomplete tokens and input types.
+_TYPE_CLASS: dict[str, str] = {"password": "secret", "new-password": "secret",
+                               "current-password": "secret", "one-time-code": "secret"}
+_CHECKOUT_WORDS = frozenset({"checkout", "payment", "payments", "purchase", "creditcard"})
+_SSN = re.compile(r"^(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}$")
+_IBAN = re.compile(r"^[A-Z]{2}\d{2}[A-Z0-9]{11,30}$")
+
+
+def _words(name: str) -> list[str]:
+    return _WORDS.findall(_CAMEL.sub(r"\1 \2", name).lower())
+
+
+@functools.lru_cache(maxsize=8192)
+def classify_field_name(name: str) -> str | None:
+    """The privacy class a field name belongs to, or None for an ordinary field."""
+    words = _words(name)
+    compact = "".join(words)
+    for word in (*words, compact):
+        found = _WORD_CLASS.get(word)
+        if found:
+            return found
+    for pair in zip(words, words[1:], strict=False):
+        found = _PAIR_CLASS.get(pair)
+        if found:
+            return found
+    return None
+
+
+def classify_field_type(declared: str) -> str | None:
+    token = declared.strip().lower()
+    if token.startswith("cc-"):
+        return "payment"
+    return _TYPE_CLASS.get(token)
+
+
+def _iban_valid(text: str) -> bool:
+    compact = text.replace(" ", "").upper()
+    if not _IBAN.match(compact):
+        return False
+    rearranged = compact[4:] + compact[:4]
+    return int("".join(str(int(ch, 36)) for ch in rearranged)) % 97 == 1
+
+
+def classify_value(value: str) -> str | None:
+    text = value.strip()
+    if _SSN.match(text):
+        return "government_id"
+    if 15 <= len(text) <= 42 and _iban_valid(text):
+        return "financial"
+    return None
+
+
+class FloorDecision(msgspec.Struct, frozen=True):
+    drop_reason: str | None  # "checkout_form": the whole event is dropped
+    form: Form  # the form with sensitive values removed (unchanged when nothing was)
+    withheld: dict[str, str] | None = None  # field name -> privacy class
+
+
+def _declared_types(raw_fields: str | None) -> dict[str, str]:
+    if not raw_fields:
+        return {}
+    try:
+        return msgspec.json.decode(raw_fields, type=dict[str, str])
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return {}  # validation already rejected a malformed raw_fields
+
+
+def is_checkout(form: Form, declared: dict[str, str]) -> bool:
+    for text in (form.formId, form.form_selector or ""):
+        words = _words(text)
+        if _CHECKOUT_WORDS.intersection(words) or "".join(words) in _CHECKOUT_WORDS:
+            return True
+    names = set(declared) | set(form.values or ())
+    if any(classify_field_name(name) == "payment" for name in names):
+        return True
+    return any(classify_field_type(kind) == "payment" for kind in declared.values())
+
+
+def apply_form_floor(form: Form) -> FloorDecision:
+    """Drop a checkout whole; otherwise withhold every sensitive field's value."""
+    declared = _declared_types(form.raw_fields)
+    if is_checkout(form, declared):
+        return FloorDecision("checkout_form", form)
+    withheld: dict[str, str] = {}
+    values = form.values or {}
+    for name, value in values.items():
+        kind = classify_field_name(name) or classify_value(value)
+        if kind is None and name in declared:
+            kind = classify_field_type(declared[name])
+        if kind is not None:
+            withheld[name] = kind
+    files = form.files
+    kept_files: list[FileMeta] | None = None
+    if files:
+        kept_files = [f for f in files if f.field is None or classify_field_name(f.field) is None]
+        for entry in files:
+            if entry.field is not None and entry not in kept_files:
+                withheld[entry.field] = classify_field_name(entry.field) or "sensitive"
+    if not withheld:
+        return FloorDecision(None, form)
+    kept_values = {k: v for k, v in values.items() if k not in withheld}
+    kept = msgspec.structs.replace(
+        form,
+        values=kept_values if form.values is not None else None,
+        files=kept_files if files is not None else None,
+    )
+    return FloorDecision(None, kept, dict(sorted(withheld.items())))

@@ -1,0 +1,80 @@
+"""The reveal audit log: who revealed which sealed values, when and why.
+
+Append-only and hash-chained: every entry carries the SHA-256 of the entry
+before it, and its own hash covers its content and that link, so an edit or
+a removal anywhere breaks the chain (`verify_chain`). No HTTP route reads or
+writes it; only `collector reveal` appends, and `collector audit` lists and
+verifies. Retention never touches it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+
+import msgspec
+
+from storage.env import Storage
+from storage.errors import mapped_lmdb_errors
+
+GENESIS = "0" * 64
+
+
+class AuditEntry(msgspec.Struct, frozen=True):
+    seq: int
+    at_ms: int
+    who: str  # the operating-system user (and the sudo user behind it, if any)
+    action: str  # "reveal"
+    receipt_id: str
+    fields: list[str]  # paths of the values revealed
+    reason: str
+    prev_hash: str
+    hash: str = ""
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(AuditEntry)
+
+
+def _digest(entry: AuditEntry) -> str:
+    unsigned = msgspec.structs.replace(entry, hash="")
+    return hashlib.sha256(_encoder.encode(unsigned)).hexdigest()
+
+
+def append_entry(
+    storage: Storage, *, at_ms: int, who: str, action: str, receipt_id: str, fields: list[str], reason: str
+) -> AuditEntry:
+    """Append one entry in its own durable transaction; returns it with its hash."""
+    with mapped_lmdb_errors(), storage.env.begin(write=True) as txn:
+        cursor = txn.cursor(db=storage.dbs.audit)
+        if cursor.last():
+            last = _decoder.decode(cursor.value())
+            seq, prev = last.seq + 1, last.hash
+        else:
+            seq, prev = 1, GENESIS
+        entry = AuditEntry(seq, at_ms, who, action, receipt_id, fields, reason, prev)
+        entry = msgspec.structs.replace(entry, hash=_digest(entry))
+        txn.put(seq.to_bytes(8, "big"), _encoder.encode(entry), db=storage.dbs.audit)
+    return entry
+
+
+def iter_entries(storage: Storage) -> Iterator[AuditEntry]:
+    with mapped_lmdb_errors(), storage.read() as txn:
+        rows = [bytes(value) for _, value in txn.cursor(db=storage.dbs.audit)]
+    for raw in rows:
+        yield _decoder.decode(raw)
+
+
+def verify_chain(storage: Storage) -> list[str]:
+    """Problems found in the chain; empty when every entry is intact and in place."""
+    problems: list[str] = []
+    prev, expected_seq = GENESIS, 1
+    for entry in iter_entries(storage):
+        if entry.seq != expected_seq:
+            problems.append(f"audit entry {expected_seq} is missing (found {entry.seq})")
+        if entry.prev_hash != prev:
+            problems.append(f"audit entry {entry.seq} does not link to the entry before it")
+        if entry.hash != _digest(entry):
+            problems.append(f"audit entry {entry.seq} was altered")
+        prev, expected_seq = entry.hash, entry.seq + 1
+    return problems
