@@ -15,6 +15,7 @@ sealed values cannot be revealed without it.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import stat
 from pathlib import Path
@@ -73,10 +74,9 @@ def _sealer(content: _KeyFile, path: Path) -> FieldSealer:
 def load_or_create(path: Path) -> FieldSealer:
     """The sealer for the key file at `path`, creating the file with one key if absent."""
     if not path.exists():
-        try:
+        # FileExistsError: another process created it at the same moment
+        with contextlib.suppress(FileExistsError):
             _write_new(path, _KeyFile("k1", {"k1": base64.b64encode(os.urandom(32)).decode()}))
-        except FileExistsError:
-            pass  # another process created it at the same moment
     return _sealer(_read(path), path)
 
 
