@@ -123,6 +123,37 @@ def cmd_outbox_dump(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reveal(args: argparse.Namespace) -> int:
+    from collector.fieldkeys import key_file_path, load_or_create
+    from collector.reveal import operator_identity, reveal
+
+    settings = _settings_from(args)
+    sealer = load_or_create(key_file_path(settings))
+    with _storage(args) as storage:
+        event, entry = reveal(storage, sealer, args.receipt_id, reason=args.reason, who=operator_identity())
+    print(_json.encode({"audit": entry.seq, "receiptId": args.receipt_id, "event": event}).decode())
+    return 0
+
+
+def cmd_audit_list(args: argparse.Namespace) -> int:
+    from storage.audit import iter_entries, verify_chain
+
+    with _storage(args) as storage:
+        for entry in iter_entries(storage):
+            print(_json.encode(entry).decode())
+        problems = verify_chain(storage)
+    for problem in problems:
+        print(f"collector: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def cmd_keys_rotate_field_key(args: argparse.Namespace) -> int:
+    from collector.fieldkeys import key_file_path, rotate
+
+    print(rotate(key_file_path(_settings_from(args))))
+    return 0
+
+
 _PERIOD = r"^\d{4}-(0[1-9]|1[0-2])$"
 
 
@@ -214,6 +245,22 @@ def build_parser() -> argparse.ArgumentParser:
     _data_dir_option(k_revoke)
     k_revoke.set_defaults(func=cmd_keys_revoke)
 
+    k_field = keys.add_parser("rotate-field-key", help="add a field-encryption key and make it active")
+    _data_dir_option(k_field)
+    k_field.add_argument("--config", default=None, help="a TOML file (for field_key_file)")
+    k_field.set_defaults(func=cmd_keys_rotate_field_key)
+
+    r_reveal = commands.add_parser("reveal", help="audited: print a stored event's sealed values")
+    r_reveal.add_argument("receipt_id")
+    r_reveal.add_argument("--reason", required=True, help="why (written to the audit log)")
+    r_reveal.add_argument("--config", default=None, help="a TOML file (for field_key_file)")
+    _data_dir_option(r_reveal)
+    r_reveal.set_defaults(func=cmd_reveal)
+    audit = commands.add_parser("audit", help="the reveal audit log").add_subparsers(dest="sub", required=True)
+    a_list = audit.add_parser("list", help="every entry; exit 1 when the hash chain is broken")
+    _data_dir_option(a_list)
+    a_list.set_defaults(func=cmd_audit_list)
+
     outbox = commands.add_parser("outbox", help="the committed events").add_subparsers(dest="sub", required=True)
     o_dump = outbox.add_parser("dump", help="every committed event, one JSON object per line")
     o_dump.add_argument("--after", type=int, default=0, help="only sequence numbers above this")
@@ -256,6 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exit_.code or 0)
     func: Callable[[argparse.Namespace], int] = args.func
     from collector.fieldkeys import KeyFileError
+    from collector.reveal import RevealError
     from collector.tenants_admin import KeyAdminError
     from storage.backup import BackupError
     from storage.errors import FormatError
@@ -263,7 +311,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return func(args)
     except (
-        UsageError, SettingsError, TenantsFileError, KeyAdminError, FormatError, BackupError, KeyFileError
+        UsageError, SettingsError, TenantsFileError, KeyAdminError, FormatError, BackupError, KeyFileError,
+        RevealError,
     ) as exc:
         print(f"collector: {exc}", file=sys.stderr)
         return 2

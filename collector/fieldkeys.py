@@ -41,8 +41,13 @@ def key_file_path(settings: Settings) -> Path:
     return Path(settings.field_key_file or Path(settings.data_dir) / DEFAULT_NAME)
 
 
-def _write_new(path: Path, content: _KeyFile) -> None:
-    """Write atomically with owner-only permissions from the first byte."""
+def _write_new(path: Path, content: _KeyFile, *, replace: bool = False) -> None:
+    """Write atomically with owner-only permissions from the first byte.
+
+    Creation links the finished file into place, which fails if another
+    process got there first (so two first starts never hold different keys);
+    rotation replaces the old file in one step.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -50,7 +55,13 @@ def _write_new(path: Path, content: _KeyFile) -> None:
         handle.write(msgspec.json.format(msgspec.json.encode(content)))
         handle.flush()
         os.fsync(handle.fileno())
-    os.replace(temp, path)
+    try:
+        if replace:
+            os.replace(temp, path)
+        else:
+            os.link(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
 
 
 def _read(path: Path) -> _KeyFile:
@@ -86,5 +97,5 @@ def rotate(path: Path) -> str:
     number = 1 + max((int(kid[1:]) for kid in content.keys if kid[1:].isdigit()), default=0)
     new_id = f"k{number}"
     keys = {**content.keys, new_id: base64.b64encode(os.urandom(32)).decode()}
-    _write_new(path, _KeyFile(new_id, keys))  # an atomic replace: never a moment without keys
+    _write_new(path, _KeyFile(new_id, keys), replace=True)  # atomic: never a moment without keys
     return new_id

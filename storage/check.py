@@ -29,9 +29,8 @@ from storage import counters, idempotency, outbox
 from storage.audit import verify_chain
 from storage.env import Storage
 from storage.errors import mapped_lmdb_errors
+from storage.outbox import receipt_seq
 from storage.retention import RETAINED_FROM
-
-_RECEIPT_DIGITS = 12  # receipt ids end with the seq as 12 hex digits
 
 
 class CheckReport(msgspec.Struct):
@@ -75,16 +74,6 @@ def unit_of(facts: _StoredFacts) -> str | None:
         return None
     is_bot = isinstance(facts.bot, dict) and bool(facts.bot.get("isBot"))
     return "pageview" if facts.type == "pageview" and not is_bot else "coverage"
-
-
-def receipt_seq(receipt_id: str) -> int | None:
-    tail = receipt_id[-_RECEIPT_DIGITS:]
-    if not receipt_id.startswith("rcpt_") or len(tail) != _RECEIPT_DIGITS:
-        return None
-    try:
-        return int(tail, 16)
-    except ValueError:
-        return None
 
 
 class _Checker:

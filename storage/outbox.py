@@ -47,6 +47,26 @@ def receipt_id(node_id: str, seq: int) -> str:
     return f"rcpt_{node_id}{seq:012x}"
 
 
+_RECEIPT_DIGITS = 12  # receipt ids end with the seq as 12 hex digits
+
+
+def receipt_seq(receipt: str) -> int | None:
+    """The outbox sequence a receipt id names, or None when it is not a receipt id."""
+    tail = receipt[-_RECEIPT_DIGITS:]
+    if not receipt.startswith("rcpt_") or len(tail) != _RECEIPT_DIGITS:
+        return None
+    try:
+        return int(tail, 16)
+    except ValueError:
+        return None
+
+
+def read_record(storage: Storage, seq: int) -> OutboxRecord | None:
+    with mapped_lmdb_errors(), storage.read() as txn:
+        raw = txn.get(seq_key(seq), db=storage.dbs.outbox)
+    return decode(raw) if raw is not None else None
+
+
 def iter_outbox(storage: Storage, after: int = 0, limit: int | None = None) -> Iterator[tuple[int, OutboxRecord]]:
     """Records with sequence > after, in commit order, read in one snapshot per chunk."""
     chunk = 1024

@@ -7,7 +7,7 @@ A form field is classified from three kinds of evidence:
   `card_number` all give `card number`);
 - its declared type in `raw_fields` (HTML autocomplete tokens such as
   `cc-number`, `cc-csc`, or input types such as `password`);
-- its value (a US social security number, an IBAN that passes its mod-97
+- its value (a US social security or taxpayer number, an IBAN that passes its mod-97
   check).
 
 Classes: `payment` (card number, CVV, expiry, card holder), `government_id`
@@ -45,7 +45,7 @@ _WORD_CLASS: dict[str, str] = {
     "ccv": "payment", "cardholder": "payment", "creditcard": "payment", "cardnumber": "payment",
     "ccnumber": "payment", "ccnum": "payment", "ccexp": "payment",
     # government id
-    "ssn": "government_id", "passport": "government_id", "itin": "government_id",
+    "ssn": "government_id", "passport": "government_id", "itin": "government_id", "tin": "government_id",
     "nino": "government_id", "aadhaar": "government_id", "nric": "government_id",
     "cpf": "government_id", "curp": "government_id", "bsn": "government_id",
     "dni": "government_id", "personnummer": "government_id", "ssnlast4": "government_id",
@@ -95,7 +95,8 @@ _PAIR_CLASS: dict[tuple[str, str], str] = {
 _TYPE_CLASS: dict[str, str] = {"password": "secret", "new-password": "secret",
                                "current-password": "secret", "one-time-code": "secret"}
 _CHECKOUT_WORDS = frozenset({"checkout", "payment", "payments", "purchase", "creditcard"})
-_SSN = re.compile(r"^(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}$")
+# A US SSN or ITIN (ITINs are the 9xx area): ddd-dd-dddd with no all-zero group.
+_SSN = re.compile(r"^(?!000|666)\d{3}-(?!00)\d{2}-(?!0000)\d{4}$")
 _IBAN = re.compile(r"^[A-Z]{2}\d{2}[A-Z0-9]{11,30}$")
 
 

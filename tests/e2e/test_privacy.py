@@ -1,0 +1,242 @@
+"""Consent, the form privacy floor, sealed fields and the audited reveal, end to end (issue 6).
+
+Every case goes through the real server on 127.0.0.1 and checks what was
+stored with the real `collector outbox dump`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path
+
+import trio
+
+from tests.conftest import STAMP, RunningServer, pageview, start_server
+from tests.helpers import outbox_dump, run_cli
+
+KEY = "cs_live_privacy00000"
+STRICT = "cs_live_strict000000"
+MULTI = "cs_live_pmulti000000"
+TENANTS = {
+    "keys": [
+        {"key": KEY, "clientId": "acme", "plan": "paid", "rateLimit": 1000,
+         "sites": [{"siteId": "web", "domains": ["acme.com"]}]},
+        {"key": STRICT, "clientId": "eu", "plan": "paid", "rateLimit": 1000,
+         "sites": [{"siteId": "eu-web", "domains": ["acme.eu"], "strictConsent": True}]},
+        {"key": MULTI, "clientId": "multi", "plan": "paid", "rateLimit": 1000,
+         "sites": [{"siteId": "a", "domains": ["a.com"]}, {"siteId": "b", "domains": ["b.com"]}]},
+    ]
+}
+ACME = {"X-API-Key": KEY, "Origin": "https://acme.com"}
+EU = {"X-API-Key": STRICT, "Origin": "https://acme.eu"}
+EMAIL = "jane.doe@example.com"
+HEM = hashlib.sha256(EMAIL.encode()).hexdigest()
+
+
+async def started(nursery: trio.Nursery, tmp_path: Path) -> RunningServer:
+    return await start_server(nursery, tmp_path, TENANTS)
+
+
+def form(eid: str, form_id: str, values: dict[str, str], raw_fields: dict[str, str] | None = None,
+         **extra: object) -> dict[str, object]:
+    event = pageview(eid, type="form", action="submit", formId=form_id, fieldCount=len(values),
+                     values=values, **extra)
+    event["raw_fields"] = json.dumps(raw_fields or {name: "text" for name in values})
+    return event
+
+
+def identify(eid: str, **extra: object) -> dict[str, object]:
+    return pageview(eid, type="identify", hem=HEM, rawEmail=EMAIL, rawPhone="+1 415 555 0100", **extra)
+
+
+async def stored_events(server: RunningServer) -> dict[str, dict[str, object]]:
+    return {str(row["eid"]): row for row in await outbox_dump(server.data_dir)}
+
+
+async def test_strict_consent_drops_before_any_side_effect(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await started(nursery, tmp_path)
+    url = {"page": {"url": "https://acme.eu/", "path": "/", "title": "Home"}}
+    batch = {"events": [
+        pageview("no-consent", **url),
+        pageview("denied", consent={"analytics": False}, **url),
+        pageview("granted", consent={"analytics": True}, **url),
+    ]}
+    response = await server.client.post("/v1/events", json=batch, headers=EU)
+    assert response.status_code == 202, response.text
+    body = response.json()
+    assert (body["accepted"], body["dropped"], body["received"]) == (1, 2, 3)
+    reasons = {e["eid"]: e["reason"] for e in body["errors"] if e["error"] == "dropped"}
+    assert reasons == {"no-consent": "consent_missing", "denied": "consent_denied"}
+    assert response.headers["X-Service-Monthly-Used"] == "1"  # only the consented pageview counts
+    assert set(await stored_events(server)) == {"granted"}
+    # A non-strict property keeps events without a consent object.
+    response = await server.client.post("/v1/events", json=pageview("plain"), headers=ACME)
+    assert response.json()["accepted"] == 1
+
+
+async def test_all_dropped_is_202_not_a_validation_error(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await started(nursery, tmp_path)
+    response = await server.client.post("/v1/events", json=pageview("x"), headers=EU)
+    assert response.status_code == 202
+    assert (response.json()["accepted"], response.json()["dropped"]) == (0, 1)
+    assert await stored_events(server) == {}
+
+
+async def test_consent_route_records_and_denies_identity(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await started(nursery, tmp_path)
+    decision = {"visitorId": "v1", "sessionId": "s1", "timestamp": STAMP,
+                "consent": {"analytics": True, "identityResolution": False}}
+    response = await server.client.post("/v1/consent", json=decision, headers=ACME)
+    assert response.status_code == 202, response.text
+    assert response.json()["accepted"] == 1
+    assert response.headers["X-Service-Monthly-Used"] == "0"  # consent counts toward nothing
+    again = await server.client.post("/v1/consent", json=decision, headers=ACME)
+    assert again.json()["duplicates"] == 1
+    # The recorded denial keeps identity values out, even when the event says nothing.
+    response = await server.client.post("/v1/events", json=identify("id-1"), headers=ACME)
+    body = response.json()
+    assert (body["accepted"], body["dropped"]) == (0, 1)
+    assert body["errors"][0]["reason"] == "identity_consent_denied"
+    # Another visitor without a recorded denial is stored.
+    response = await server.client.post("/v1/events", json=identify("id-2", visitorId="v2"), headers=ACME)
+    assert response.json()["accepted"] == 1
+    # An older decision arriving late does not undo the newer one.
+    late = dict(decision, timestamp=STAMP - 60_000,
+                consent={"analytics": True, "identityResolution": True})
+    assert (await server.client.post("/v1/consent", json=late, headers=ACME)).json()["accepted"] == 1
+    response = await server.client.post("/v1/events", json=identify("id-3"), headers=ACME)
+    assert response.json()["dropped"] == 1
+    # The event's own denial also keeps it out.
+    own = identify("id-4", visitorId="v3", consent={"analytics": True, "identityResolution": False})
+    assert (await server.client.post("/v1/events", json=own, headers=ACME)).json()["dropped"] == 1
+    stored = await stored_events(server)
+    assert {"id-1", "id-3", "id-4"}.isdisjoint(stored) and "id-2" in stored
+    transition = stored[f"consent:v1:{STAMP}"]["event"]
+    assert transition["type"] == "_consent_transition"  # type: ignore[index]
+    assert "page" not in transition  # type: ignore[operator]
+
+
+async def test_consent_route_refusals(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await started(nursery, tmp_path)
+    decision = {"visitorId": "v1", "consent": {"analytics": True}}
+    ambiguous = await server.client.post(
+        "/v1/consent", json=decision, headers={"X-API-Key": MULTI, "Origin": "http://localhost:3000"}
+    )
+    assert (ambiguous.status_code, ambiguous.json()["error"]) == (403, "site_scope_ambiguous")
+    bound = await server.client.post(
+        "/v1/consent", json=decision, headers={"X-API-Key": MULTI, "Origin": "https://b.com"}
+    )
+    assert bound.status_code == 202
+    no_origin = await server.client.post("/v1/consent", json=decision, headers={"X-API-Key": KEY})
+    assert (no_origin.status_code, no_origin.json()["error"]) == (403, "origin_required")
+    missing = await server.client.post("/v1/consent", json={"visitorId": "v1"}, headers=ACME)
+    assert (missing.status_code, missing.json()["error"]) == (400, "validation_error")
+    no_analytics = await server.client.post(
+        "/v1/consent", json={"visitorId": "v1", "consent": {"identityResolution": True}}, headers=ACME
+    )
+    assert (no_analytics.status_code, no_analytics.json()["error"]) == (400, "validation_error")
+    broken = await server.client.post("/v1/consent", content=b"{nope", headers=ACME)
+    assert (broken.status_code, broken.json()["error"]) == (400, "invalid_json")
+    stored = await stored_events(server)
+    assert [row["siteId"] for row in stored.values()] == ["b"]
+
+
+async def test_privacy_floor_on_realistic_forms(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await started(nursery, tmp_path)
+    forms = [
+        form("signup", "signup-form", {"fullName": "Jane Doe", "email": EMAIL, "password": "hunter2!",
+                                       "company": "Acme"},
+             {"fullName": "text", "email": "email", "password": "password", "company": "text"}),
+        form("contact", "contact", {"name": "Jane", "email": EMAIL, "message": "Call me about pricing"}),
+        form("checkout", "order-form", {"email": EMAIL, "shipping_address": "1 Main St"},
+             {"email": "email", "shipping_address": "street-address", "cardNumber": "cc-number",
+              "cardExpiry": "cc-exp"}),
+        form("checkout-by-id", "checkout", {"email": EMAIL}),
+        form("tax", "w9", {"name": "Jane Doe", "ssn": "123-45-6789", "tin_field": "987-65-4321",
+                           "annual_income": "85000", "filing_status": "single"}),
+        form("medical", "patient-intake", {"name": "Jane Doe", "date_of_birth": "1990-01-01",
+                                           "allergies": "penicillin", "current_medications": "none",
+                                           "insurance_member_id": "XK-99321", "reason_for_visit": "checkup"}),
+        form("bank", "payout-settings", {"holder": "Jane Doe", "iban": "DE89 3704 0044 0532 0130 00",
+                                         "payout_note": "GB82WEST12345698765432"}),
+    ]
+    response = await server.client.post("/v1/events", json={"events": forms}, headers=ACME)
+    assert response.status_code == 202, response.text
+    body = response.json()
+    dropped = {e["eid"]: e["reason"] for e in body["errors"] if e["error"] == "dropped"}
+    assert dropped == {"checkout": "checkout_form", "checkout-by-id": "checkout_form"}
+    stored = await stored_events(server)
+    assert set(stored) == {"signup", "contact", "tax", "medical", "bank"}
+
+    def kept(eid: str) -> set[str]:
+        return set(stored[eid]["event"]["values"])  # type: ignore[index]
+
+    def withheld(eid: str) -> dict[str, str]:
+        return stored[eid]["event"].get("privacyWithheld", {})  # type: ignore[union-attr]
+
+    assert kept("signup") == {"fullName", "email", "company"} and withheld("signup") == {"password": "secret"}
+    assert kept("contact") == {"name", "email", "message"} and withheld("contact") == {}
+    assert kept("tax") == {"name", "filing_status"}
+    assert withheld("tax") == {"annual_income": "financial", "ssn": "government_id",
+                               "tin_field": "government_id"}
+    assert kept("medical") == {"name", "date_of_birth", "reason_for_visit"}
+    assert set(withheld("medical").values()) == {"health"}
+    assert kept("bank") == {"holder"}
+    assert withheld("bank") == {"iban": "financial", "payout_note": "financial"}
+    # No withheld value appears anywhere in what was stored.
+    dump = json.dumps(stored)
+    for secret in ("hunter2!", "123-45-6789", "987-65-4321", "penicillin", "XK-99321", "DE89", "GB82"):
+        assert secret not in dump
+
+
+async def test_sealed_at_rest_and_the_audited_reveal(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await started(nursery, tmp_path)
+    events = [form("contact", "contact", {"email": EMAIL, "message": "hello there"}), identify("who")]
+    response = await server.client.post("/v1/events", json={"events": events}, headers=ACME)
+    assert response.json()["accepted"] == 2
+    receipts = dict(zip(["contact", "who"], response.json()["receiptIds"], strict=True))
+    dump = (await trio.to_thread.run_sync(lambda: run_cli("outbox", "dump", data_dir=server.data_dir))).stdout
+    assert EMAIL not in dump and "hello there" not in dump and "415 555" not in dump
+    rows = {row["eid"]: row["event"] for row in map(json.loads, dump.splitlines())}
+    assert rows["contact"]["values"]["email"].startswith("enc:v1:k1:")
+    assert rows["who"]["rawEmail"].startswith("enc:v1:k1:") and rows["who"]["hem"] == HEM
+    key_file = server.data_dir / "field-keys.json"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+
+    def cli(*args: str, check: bool = True):
+        return run_cli(*args, data_dir=server.data_dir, check=check)
+
+    refused = await trio.to_thread.run_sync(lambda: cli("reveal", receipts["who"], "--reason", "x", check=False))
+    assert refused.returncode == 2 and EMAIL not in refused.stdout
+    unknown = await trio.to_thread.run_sync(
+        lambda: cli("reveal", "rcpt_00000000ffffffffffff", "--reason", "support ticket 42", check=False))
+    assert unknown.returncode == 2 and "no stored event" in unknown.stderr
+    shown = await trio.to_thread.run_sync(lambda: cli("reveal", receipts["who"], "--reason", "support ticket 42"))
+    revealed = json.loads(shown.stdout)["event"]
+    assert (revealed["rawEmail"], revealed["rawPhone"]) == (EMAIL, "+1 415 555 0100")
+    shown = await trio.to_thread.run_sync(lambda: cli("reveal", receipts["contact"], "--reason", "GDPR access req"))
+    assert json.loads(shown.stdout)["event"]["values"] == {"email": EMAIL, "message": "hello there"}
+    audit = await trio.to_thread.run_sync(lambda: cli("audit", "list"))
+    entries = [json.loads(line) for line in audit.stdout.splitlines()]
+    assert [(e["seq"], e["receipt_id"], e["reason"]) for e in entries] == [
+        (1, receipts["who"], "support ticket 42"), (2, receipts["contact"], "GDPR access req")]
+    assert entries[0]["fields"] == ["rawEmail", "rawPhone"] and entries[1]["prev_hash"] == entries[0]["hash"]
+    assert str(os.getuid()) in entries[0]["who"]
+    # The audit log names fields, never values; `collector check` verifies its chain.
+    assert EMAIL not in audit.stdout
+    assert json.loads((await trio.to_thread.run_sync(lambda: cli("check"))).stdout)["problems"] == []
+
+
+async def test_rotated_field_key_still_reveals_old_values(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await started(nursery, tmp_path)
+    response = await server.client.post("/v1/events", json=identify("old"), headers=ACME)
+    receipt = response.json()["receiptIds"][0]
+    rotated = await trio.to_thread.run_sync(
+        lambda: run_cli("keys", "rotate-field-key", data_dir=server.data_dir))
+    assert rotated.stdout.strip() == "k2"
+    shown = await trio.to_thread.run_sync(
+        lambda: run_cli("reveal", receipt, "--reason", "rotation check", data_dir=server.data_dir))
+    assert json.loads(shown.stdout)["event"]["rawEmail"] == EMAIL

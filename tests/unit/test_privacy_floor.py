@@ -1,0 +1,115 @@
+"""The privacy floor's recognisers, consent rules and field sealing, as pure functions."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from collector.ingest.consent import consent_drop_reason, identity_denied
+from collector.ingest.privacy import (
+    apply_form_floor,
+    classify_field_name,
+    classify_field_type,
+    classify_value,
+)
+from collector.ingest.schema import AnyEvent, Form
+from collector.ingest.sealing import FieldSealer, SealError, field_aad, seal_sensitive
+
+_decoder = msgspec.json.Decoder(AnyEvent)  # type: ignore[arg-type]
+
+
+def decode(**fields: object) -> AnyEvent:
+    base: dict[str, object] = {"type": "pageview", "visitorId": "v", "sessionId": "s", "timestamp": 1,
+                               "page": {"path": "/", "title": ""}, "device": {}}
+    base.update(fields)
+    return _decoder.decode(json.dumps(base))
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("cardNumber", "payment"), ("card-number", "payment"), ("cc_exp", "payment"),
+        ("cvv", "payment"), ("nameOnCard", "payment"), ("security_code", "payment"),
+        ("ssn", "government_id"), ("passportNumber", "government_id"), ("drivers_license", "government_id"),
+        ("national_id", "government_id"), ("taxId", "government_id"),
+        ("iban", "financial"), ("routing_number", "financial"), ("bankAccountNumber", "financial"),
+        ("sort_code", "financial"), ("annualIncome", "financial"),
+        ("diagnosis", "health"), ("current_medications", "health"), ("allergies", "health"),
+        ("insurance_member_id", "health"), ("bloodType", "health"),
+        ("password", "secret"), ("confirmPassword", "secret"), ("one_time_code", "secret"),
+    ],
+)
+def test_sensitive_field_names(name: str, kind: str) -> None:
+    assert classify_field_name(name) == kind
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["email", "firstName", "company", "message", "className", "phone", "zip", "pincode", "country",
+     "accept_terms_and_conditions", "order_id", "swift_experience", "member_since", "newsletter",
+     "discount_code", "promo_code", "date_of_birth", "address_line1"],
+)
+def test_ordinary_field_names(name: str) -> None:
+    assert classify_field_name(name) is None
+
+
+def test_declared_types_and_values() -> None:
+    assert classify_field_type("cc-number") == "payment" and classify_field_type("cc-csc") == "payment"
+    assert classify_field_type("current-password") == "secret" and classify_field_type("email") is None
+    assert classify_value("123-45-6789") == "government_id"
+    assert classify_value("DE89 3704 0044 0532 0130 00") == "financial"
+    for ordinary in ("000-12-3456", "415-555-0100", "DE89 3704 0044 0532 0130 01", "hello", "2024-01-01"):
+        assert classify_value(ordinary) is None, ordinary
+
+
+def test_checkout_is_dropped_and_the_rest_withheld() -> None:
+    checkout = decode(type="form", action="submit", formId="f", fieldCount=1,
+                      raw_fields=json.dumps({"ccNumber": "text"}))
+    assert isinstance(checkout, Form) and apply_form_floor(checkout).drop_reason == "checkout_form"
+    by_selector = decode(type="form", action="focus", formId="f1", fieldCount=0, form_selector="#payment-form")
+    assert isinstance(by_selector, Form) and apply_form_floor(by_selector).drop_reason == "checkout_form"
+    files = [{"name": "scan.pdf", "field": "passport_scan"}, {"name": "cv.pdf", "field": "resume"}]
+    signup = decode(type="form", action="submit", formId="signup", fieldCount=2,
+                    values={"email": "a@b.c", "pwd": "x"}, files=files)
+    assert isinstance(signup, Form)
+    decision = apply_form_floor(signup)
+    assert decision.drop_reason is None and decision.form.values == {"email": "a@b.c"}
+    assert [f.field for f in decision.form.files or []] == ["resume"]
+    assert decision.withheld == {"passport_scan": "government_id", "pwd": "secret"}
+
+
+def test_consent_rules() -> None:
+    assert consent_drop_reason(decode(), strict=False) is None
+    assert consent_drop_reason(decode(), strict=True) == "consent_missing"
+    assert consent_drop_reason(decode(consent={"analytics": False}), strict=True) == "consent_denied"
+    assert consent_drop_reason(decode(consent={"analytics": True}), strict=True) is None
+    transition = decode(type="_consent_transition", consent={"analytics": False}, page=None)
+    assert consent_drop_reason(transition, strict=True) is None
+    ident = decode(type="identify", hem="a" * 64)
+    assert not identity_denied(ident, None) and identity_denied(ident, lambda visitor: visitor == "v")
+    assert identity_denied(decode(type="identify", hem="a" * 64,
+                                  consent={"analytics": True, "identityResolution": False}), None)
+    assert not identity_denied(decode(), lambda visitor: True)  # only identify events carry identity
+
+
+def test_sealing_binds_value_to_its_place() -> None:
+    sealer = FieldSealer({"k1": b"\x01" * 32}, "k1")
+    token = sealer.seal("secret", field_aad("acme", "e1", "rawEmail"))
+    assert token.startswith("enc:v1:k1:") and "secret" not in token
+    assert sealer.open(token, field_aad("acme", "e1", "rawEmail")) == "secret"
+    with pytest.raises(SealError):
+        sealer.open(token, field_aad("acme", "e2", "rawEmail"))  # moved to another event
+    with pytest.raises(SealError):
+        sealer.open(token[:-4] + "AAAA", field_aad("acme", "e1", "rawEmail"))  # tampered
+    with pytest.raises(SealError):
+        FieldSealer({"k2": b"\x02" * 32}, "k2").open(token, field_aad("acme", "e1", "rawEmail"))
+    rotated = FieldSealer({"k1": b"\x01" * 32, "k2": b"\x02" * 32}, "k2")
+    assert rotated.open(token, field_aad("acme", "e1", "rawEmail")) == "secret"
+
+
+def test_without_a_sealer_values_are_withheld_not_stored_plain() -> None:
+    ident = decode(type="identify", hem="a" * 64, rawEmail="a@b.c")
+    sealed = seal_sensitive(ident, None, "acme", "e1")
+    assert msgspec.json.encode(sealed).find(b"a@b.c") == -1
