@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -190,15 +191,24 @@ def cmd_backup(args: argparse.Namespace) -> int:
     from storage.backup import backup
 
     with _storage(args) as storage:
-        print(_json.encode(backup(storage, Path(args.dest))).decode())
+        manifest = backup(storage, Path(args.dest))
+    if args.with_field_keys:
+        from collector.fieldkeys import DEFAULT_NAME, key_file_path
+
+        shutil.copy2(key_file_path(_settings_from(args)), Path(args.dest) / DEFAULT_NAME)
+    print(_json.encode(manifest).decode())
     return 0
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
+    from collector.fieldkeys import DEFAULT_NAME
     from storage.backup import restore
 
     settings = _settings_from(args)
-    print(_json.encode(restore(Path(args.src), Path(settings.data_dir), force=args.force)).decode())
+    # The default key file lives beside the LMDB files: carry it across the swap.
+    carry = () if settings.field_key_file else (DEFAULT_NAME,)
+    manifest = restore(Path(args.src), Path(settings.data_dir), force=args.force, carry_files=carry)
+    print(_json.encode(manifest).decode())
     return 0
 
 
@@ -280,6 +290,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     b_backup = commands.add_parser("backup", help="a consistent, compacted online copy to DEST")
     b_backup.add_argument("dest")
+    b_backup.add_argument(
+        "--with-field-keys",
+        action="store_true",
+        help="also copy the field-encryption key file (otherwise back it up separately)",
+    )
     _data_dir_option(b_backup)
     b_backup.set_defaults(func=cmd_backup)
     b_restore = commands.add_parser("restore", help="verify SRC's checksum and restore it (server stopped)")

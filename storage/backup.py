@@ -96,7 +96,11 @@ def backup(storage: Storage, dest_dir: str | os.PathLike[str]) -> BackupManifest
 
 
 def restore(
-    src_dir: str | os.PathLike[str], data_dir: str | os.PathLike[str], *, force: bool = False
+    src_dir: str | os.PathLike[str],
+    data_dir: str | os.PathLike[str],
+    *,
+    force: bool = False,
+    carry_files: tuple[str, ...] = (),
 ) -> BackupManifest:
     """Verify the backup in `src_dir`, then make it the data directory `data_dir`.
 
@@ -105,6 +109,9 @@ def restore(
     this collector reads, `data_dir` is not empty (unless force) or a
     collector has `data_dir` open. Call it from a process that does not have
     `data_dir` open itself: the in-use probe cannot see its own process.
+    Each of `carry_files` (files beside the LMDB environment, such as the
+    field-encryption key file) is taken from the backup when it has one, else
+    kept from the directory being replaced, inside the same atomic swap.
     """
     src = Path(src_dir)
     manifest = read_manifest(src)
@@ -149,6 +156,11 @@ def restore(
         copied = _copy_and_hash(data, staging / DATA_FILE)
         if copied != manifest.sha256:
             raise BackupError(f"checksum mismatch: {data} changed while it was copied")
+        for name in carry_files:
+            for origin in (src / name, target / name):
+                if origin.is_file():
+                    shutil.copy2(origin, staging / name)  # keeps owner-only permissions
+                    break
         _fsync_dir(staging)
         if non_empty:
             _replace_non_empty(staging, target)

@@ -240,3 +240,30 @@ async def test_rotated_field_key_still_reveals_old_values(nursery: trio.Nursery,
     shown = await trio.to_thread.run_sync(
         lambda: run_cli("reveal", receipt, "--reason", "rotation check", data_dir=server.data_dir))
     assert json.loads(shown.stdout)["event"]["rawEmail"] == EMAIL
+
+
+async def test_backup_and_restore_keep_sealed_values_revealable(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await started(nursery, tmp_path)
+    response = await server.client.post("/v1/events", json=identify("kept"), headers=ACME)
+    receipt = response.json()["receiptIds"][0]
+
+    def cli(*args: str, data_dir: Path, check: bool = True):
+        return run_cli(*args, data_dir=data_dir, check=check)
+
+    plain, keyed = tmp_path / "plain-backup", tmp_path / "keyed-backup"
+    await trio.to_thread.run_sync(lambda: cli("backup", str(plain), data_dir=server.data_dir))
+    await trio.to_thread.run_sync(
+        lambda: cli("backup", str(keyed), "--with-field-keys", data_dir=server.data_dir))
+    assert not (plain / "field-keys.json").exists()
+    assert stat.S_IMODE((keyed / "field-keys.json").stat().st_mode) == 0o600
+    # A backup with its keys restores anywhere and still reveals.
+    elsewhere = tmp_path / "elsewhere"
+    await trio.to_thread.run_sync(lambda: cli("restore", str(keyed), data_dir=elsewhere))
+    shown = await trio.to_thread.run_sync(
+        lambda: cli("reveal", receipt, "--reason", "restore drill", data_dir=elsewhere))
+    assert json.loads(shown.stdout)["event"]["rawEmail"] == EMAIL
+    # Restoring a keyless backup over a directory keeps that directory's key file.
+    await trio.to_thread.run_sync(lambda: cli("restore", str(plain), "--force", data_dir=elsewhere))
+    shown = await trio.to_thread.run_sync(
+        lambda: cli("reveal", receipt, "--reason", "second restore drill", data_dir=elsewhere))
+    assert json.loads(shown.stdout)["event"]["rawEmail"] == EMAIL
