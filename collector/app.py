@@ -167,6 +167,7 @@ async def serve(
                 outbox_retention_ms=int(settings.outbox_retention_hours * 3_600_000),
                 idempotency_window_ms=int(settings.idempotency_window_hours * 3_600_000),
                 consumers=(),  # no outbox consumers exist yet; each registers here
+                replay_retention_ms=int(settings.replay_retention_hours * 3_600_000),
             )
             await outer.start(
                 partial(run_retention, interval_s=settings.retention_interval_s), services.writer, sweep

@@ -1,10 +1,10 @@
 """The one LMDB environment of a data directory and its named databases.
 
 Every durable thing the service keeps lives here: key records, idempotency
-records, usage counters, the outbox and the consumer cursors. Commits are
-durable (sync and metasync on, no writemap: a full disk then fails a commit
-with an error instead of a SIGBUS). The map starts small and sparse and
-doubles when a write transaction fills it.
+records, usage counters, the outbox, the consumer cursors and session-replay
+chunks. Commits are durable (sync and metasync on, no writemap: a full disk
+then fails a commit with an error instead of a SIGBUS). The map starts small
+and sparse and doubles when a write transaction fills it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from storage.errors import FormatError, mapped_lmdb_errors
 from storage.migrations import MIGRATIONS
 
 FORMAT_VERSION = 1
-DB_NAMES = ("meta", "keys", "idempotency", "counters", "outbox", "cursors")
+DB_NAMES = ("meta", "keys", "idempotency", "counters", "outbox", "cursors", "replay")
 DEFAULT_MAP_SIZE = 64 * 1024 * 1024
 DEFAULT_MAX_MAP_SIZE = 1 << 40  # a terabyte of address space: the disk ends first
 
@@ -35,6 +35,7 @@ class Databases:
     counters: lmdb._Database
     outbox: lmdb._Database
     cursors: lmdb._Database
+    replay: lmdb._Database
 
 
 class Storage:
@@ -56,7 +57,7 @@ class Storage:
             self.env = lmdb.open(
                 str(self.path),
                 map_size=map_size,
-                max_dbs=len(DB_NAMES) + 4,
+                max_dbs=len(DB_NAMES) + 8,  # headroom for named databases added later
                 max_readers=512,
                 sync=True,
                 metasync=True,
