@@ -286,3 +286,18 @@ def test_backup_counts_replay_chunks(storage: Storage, tmp_path: Path) -> None:
         assert dumped(copy) == [("acme", "web", 0)]
     finally:
         copy.close()
+
+
+def test_dump_lines_are_json_with_the_records_spliced_in(storage: Storage) -> None:
+    from collector.replay_admin import session_lines
+
+    store(storage, 1, content=b'[{"type":3,"data":{"x":1}}]')
+    store(storage, 0)
+    lines = [json.loads(line) for line in session_lines(storage, "s1", "acme")]
+    assert [line["seq"] for line in lines] == [0, 1]
+    assert lines[1]["events"] == [{"type": 3, "data": {"x": 1}}]
+    assert set(lines[0]) == {
+        "clientId", "siteId", "sessionId", "seq", "visitorId", "receivedAt", "receiptId",
+        "timestamp", "events",
+    }  # fmt: skip
+    assert (lines[0]["receivedAt"], lines[0]["timestamp"]) == (NOV, None)
