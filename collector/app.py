@@ -28,6 +28,7 @@ from collector.demo import DEMO_TENANTS
 from collector.http.asgi import Receive, Scope, Send, send_response
 from collector.http.ingest import make_ingest_handler
 from collector.http.ops import register_ops_routes
+from collector.http.replay import make_replay_handler
 from collector.http.router import Router
 from collector.limits.buckets import RateLimiter
 from collector.limits.usage import billing_period
@@ -120,6 +121,7 @@ def build_asgi(services: Services) -> Router:
     router = Router(quart, services)
     router.add("/v1/events", make_ingest_handler(services, edge=False))
     router.add("/v1/edge/pageview", make_ingest_handler(services, edge=True))
+    router.add("/v1/replay", make_replay_handler(services))
     if services.settings.bench_routes:
         router.add("/_bench/noop", noop_handler)
     return router
