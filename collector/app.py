@@ -29,6 +29,7 @@ from collector.fieldkeys import key_file_path, load_or_create
 from collector.http.asgi import Receive, Scope, Send, send_response
 from collector.http.ingest import make_ingest_handler
 from collector.http.ops import register_ops_routes
+from collector.http.replay import make_replay_handler
 from collector.http.router import Router
 from collector.limits.buckets import RateLimiter
 from collector.limits.usage import billing_period
@@ -123,6 +124,7 @@ def build_asgi(services: Services) -> Router:
     router.add("/v1/events", make_ingest_handler(services, edge=False))
     router.add("/v1/edge/pageview", make_ingest_handler(services, edge=True))
     router.add("/v1/consent", make_ingest_handler(services, edge=False, consent=True))
+    router.add("/v1/replay", make_replay_handler(services))
     if services.settings.bench_routes:
         router.add("/_bench/noop", noop_handler)
     return router
@@ -170,6 +172,7 @@ async def serve(
                 outbox_retention_ms=int(settings.outbox_retention_hours * 3_600_000),
                 idempotency_window_ms=int(settings.idempotency_window_hours * 3_600_000),
                 consumers=(),  # no outbox consumers exist yet; each registers here
+                replay_retention_ms=int(settings.replay_retention_hours * 3_600_000),
             )
             await outer.start(
                 partial(run_retention, interval_s=settings.retention_interval_s), services.writer, sweep

@@ -155,6 +155,15 @@ def cmd_keys_rotate_field_key(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay_dump(args: argparse.Namespace) -> int:
+    from collector.replay_admin import session_lines
+
+    with _storage(args) as storage:
+        for line in session_lines(storage, args.session, args.client):
+            print(line)
+    return 0
+
+
 _PERIOD = r"^\d{4}-(0[1-9]|1[0-2])$"
 
 
@@ -276,6 +285,13 @@ def build_parser() -> argparse.ArgumentParser:
     o_dump.add_argument("--after", type=int, default=0, help="only sequence numbers above this")
     _data_dir_option(o_dump)
     o_dump.set_defaults(func=cmd_outbox_dump)
+
+    replay = commands.add_parser("replay", help="session-replay chunks").add_subparsers(dest="sub", required=True)
+    r_dump = replay.add_parser("dump", help="a session's chunks in seq order, one JSON object per line")
+    r_dump.add_argument("--session", required=True, help="the sessionId")
+    r_dump.add_argument("--client", default=None, help="only this clientId (default: every client)")
+    _data_dir_option(r_dump)
+    r_dump.set_defaults(func=cmd_replay_dump)
 
     usage = commands.add_parser("usage", help="monthly usage").add_subparsers(dest="sub", required=True)
     u_show = usage.add_parser("show", help="JSON per account and unit kind")

@@ -59,6 +59,7 @@ ERRORS: dict[str, ErrorKind] = {
     "not_found": ErrorKind(404, False),
     "method_not_allowed": ErrorKind(405, False),
     "unsupported_media_type": ErrorKind(415, False),
+    "key_type_not_allowed": ErrorKind(403, False),  # POST /v1/replay takes website keys only
     "internal_error": ErrorKind(500, True),
 }
 

@@ -36,6 +36,8 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     # retention (outbox entries also wait for every registered consumer)
     outbox_retention_hours: Annotated[float, msgspec.Meta(gt=0)] = 7 * 24.0
     retention_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
+    # session-replay chunks (POST /v1/replay) older than this are swept
+    replay_retention_hours: Annotated[float, msgspec.Meta(gt=0)] = 30 * 24.0
     # storage
     map_size_mb: Annotated[int, msgspec.Meta(ge=1)] = 64
     max_map_size_mb: Annotated[int, msgspec.Meta(ge=1)] = 1024 * 1024

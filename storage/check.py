@@ -12,7 +12,8 @@ with tenants and periods, not with events), and reports:
   unit). Counters are keyed by billing account, so only a client whose every
   key bills into its own clientId is compared (other clients pooling into it
   only raise its counter); other clients are skipped with a note. Counters
-  may legitimately be higher: retention removes outbox rows, not counts.
+  may legitimately be higher: retention removes outbox rows, not counts;
+- every session-replay chunk has a well-formed key and a record that decodes;
 - the reveal audit log's hash chain is intact (no entry edited or removed).
 """
 
@@ -25,7 +26,7 @@ from typing import Any
 import lmdb
 import msgspec
 
-from storage import counters, idempotency, outbox
+from storage import counters, idempotency, outbox, replay
 from storage.audit import verify_chain
 from storage.env import Storage
 from storage.errors import mapped_lmdb_errors
@@ -38,6 +39,7 @@ class CheckReport(msgspec.Struct):
     idempotency_records: int = 0
     counters: int = 0
     keys: int = 0
+    replay_chunks: int = 0
     retained_from: int = 0  # outbox seqs below this may have been removed by retention
     next_seq: int = 1
     problems: list[str] = []
@@ -206,6 +208,20 @@ class _Checker:
                 )
 
 
+    def replay(self) -> None:
+        for key, value in self.txn.cursor(db=self.dbs.replay):
+            self.report.replay_chunks += 1
+            parts = replay.split_key(bytes(key))
+            if parts is None:
+                self.problem(f"replay key {bytes(key)[:40]!r} is malformed")
+                continue
+            try:
+                replay.decode(value)
+            except msgspec.DecodeError as exc:
+                client, site, session, seq = parts
+                self.problem(f"replay chunk {client}/{site}/{session}/{seq} does not decode: {exc}")
+
+
 def check(storage: Storage, *, max_problems: int = 100) -> CheckReport:
     """Verify the data directory in one read snapshot; never writes.
 
@@ -217,6 +233,7 @@ def check(storage: Storage, *, max_problems: int = 100) -> CheckReport:
         checker.outbox()
         checker.idempotency()
         checker.usage()
+        checker.replay()
     for problem in verify_chain(storage):
         checker.problem(problem)
     return checker.report

@@ -1,10 +1,11 @@
 """The one LMDB environment of a data directory and its named databases.
 
 Every durable thing the service keeps lives here: key records, idempotency
-records, usage counters, the outbox, the consumer cursors, visitors' consent
-and the reveal audit log. Commits are durable (sync and metasync on, no
-writemap: a full disk then fails a commit with an error instead of a SIGBUS). The map starts small and sparse and
-doubles when a write transaction fills it.
+records, usage counters, the outbox, the consumer cursors, session-replay
+chunks, visitors' consent and the reveal audit log. Commits are durable (sync
+and metasync on, no writemap: a full disk then fails a commit with an error
+instead of a SIGBUS). The map starts small and sparse and doubles when a
+write transaction fills it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from storage.errors import FormatError, mapped_lmdb_errors
 from storage.migrations import MIGRATIONS
 
 FORMAT_VERSION = 1
-DB_NAMES = ("meta", "keys", "idempotency", "counters", "outbox", "cursors", "consent", "audit")
+DB_NAMES = (
+    "meta", "keys", "idempotency", "counters", "outbox", "cursors", "replay", "consent", "audit"
+)
 DEFAULT_MAP_SIZE = 64 * 1024 * 1024
 DEFAULT_MAX_MAP_SIZE = 1 << 40  # a terabyte of address space: the disk ends first
 
@@ -35,6 +38,7 @@ class Databases:
     counters: lmdb._Database
     outbox: lmdb._Database
     cursors: lmdb._Database
+    replay: lmdb._Database
     consent: lmdb._Database  # clientId, siteId, visitorId -> the visitor's latest consent
     audit: lmdb._Database  # the hash-chained reveal audit log (append-only)
 
@@ -58,7 +62,7 @@ class Storage:
             self.env = lmdb.open(
                 str(self.path),
                 map_size=map_size,
-                max_dbs=len(DB_NAMES) + 8,
+                max_dbs=len(DB_NAMES) + 8,  # headroom for named databases added later
                 max_readers=512,
                 sync=True,
                 metasync=True,

@@ -10,6 +10,13 @@ the window is always recognised. Their keys are (clientId, eid), not time,
 so expired records are scattered: each sweep scans at most `batch` records
 from where the previous one stopped (meta `idem_sweep_pos`), wrapping around.
 
+Session-replay chunks go once older than the replay retention (received
+time). Their keys are (client, site, session, seq), so they are swept like
+idempotency records: at most `batch` scanned per sweep, resuming from meta
+`replay_sweep_pos`. Chunks are large (up to 1 MB) and the writer's
+transaction copies every value it reads, so a sweep also stops after reading
+REPLAY_SWEEP_BYTES.
+
 Each sweep is one write job handed to the group-commit writer; it only reads
 and deletes, so running it again in a retried group is harmless.
 """
@@ -22,7 +29,7 @@ from collections.abc import Sequence
 import msgspec
 import trio
 
-from storage import idempotency, outbox
+from storage import idempotency, outbox, replay
 from storage.errors import StorageError
 from storage.writer import GroupCommitWriter, WriteContext
 
@@ -30,6 +37,7 @@ log = logging.getLogger("collector.retention")
 
 RETAINED_FROM = b"outbox_retained_from"
 IDEM_SWEEP_POS = b"idem_sweep_pos"
+REPLAY_SWEEP_BYTES = 32 * 1024 * 1024
 _NO_CONSUMERS = 2**64 - 1
 
 
@@ -39,6 +47,8 @@ class SweepResult(msgspec.Struct, frozen=True):
     idempotency_scanned: int
     retained_from: int  # outbox seqs below this are gone (0: none removed yet)
     more: bool  # a batch limit was hit: sweep again soon
+    replay_removed: int = 0
+    replay_scanned: int = 0
 
 
 class RetentionStatistics(msgspec.Struct, frozen=True):
@@ -47,6 +57,7 @@ class RetentionStatistics(msgspec.Struct, frozen=True):
     outbox_removed: int
     idempotency_removed: int
     retained_from: int
+    replay_removed: int
 
 
 class RetentionSweep:
@@ -58,6 +69,7 @@ class RetentionSweep:
         idempotency_window_ms: int,
         consumers: Sequence[str] = (),
         batch: int = 5000,
+        replay_retention_ms: int | None = None,
     ) -> None:
         if batch < 1:
             raise ValueError("batch must be at least 1")
@@ -65,16 +77,26 @@ class RetentionSweep:
         self.idempotency_window_ms = idempotency_window_ms
         self.consumers = list(consumers)
         self.batch = batch
+        self.replay_retention_ms = replay_retention_ms  # None: replay chunks are kept
         # Totals of committed sweeps, kept by run_retention (a job may run twice
         # when its group is retried, so run() itself counts nothing).
-        self._stats = {"sweeps": 0, "failures": 0, "outbox_removed": 0, "idempotency_removed": 0}
+        self._stats = dict.fromkeys(
+            ("sweeps", "failures", "outbox_removed", "idempotency_removed", "replay_removed"), 0
+        )
         self._retained_from = 0
 
     def run(self, ctx: WriteContext) -> SweepResult:
         outbox_removed, outbox_more, retained_from = self._sweep_outbox(ctx)
         idem_removed, scanned, idem_more = self._sweep_idempotency(ctx)
+        replay_removed, replay_scanned, replay_more = self._sweep_replay(ctx)
         return SweepResult(
-            outbox_removed, idem_removed, scanned, retained_from, outbox_more or idem_more
+            outbox_removed,
+            idem_removed,
+            scanned,
+            retained_from,
+            outbox_more or idem_more or replay_more,
+            replay_removed,
+            replay_scanned,
         )
 
     def _consumer_floor(self, ctx: WriteContext) -> int:
@@ -142,6 +164,35 @@ class RetentionSweep:
             txn.delete(IDEM_SWEEP_POS, db=dbs.meta)  # reached the end: the next pass wraps
         return removed, scanned, positioned
 
+    def _sweep_replay(self, ctx: WriteContext) -> tuple[int, int, bool]:
+        if self.replay_retention_ms is None:
+            return 0, 0, False
+        txn, dbs = ctx.txn, ctx.dbs
+        cutoff = ctx.now_ms - self.replay_retention_ms
+        position = txn.get(replay.SWEEP_POS, db=dbs.meta)
+        cursor = txn.cursor(db=dbs.replay)
+        positioned = cursor.set_range(position) if position else cursor.first()
+        removed = scanned = read = 0
+        while positioned and scanned < self.batch and read < REPLAY_SWEEP_BYTES:
+            scanned += 1
+            value = cursor.value()
+            read += len(value)
+            try:
+                received_ms = replay.decode_head(value).received_ms
+            except msgspec.DecodeError:
+                positioned = cursor.next()  # unreadable: leave it for `check` to report
+                continue
+            if received_ms > cutoff:
+                positioned = cursor.next()
+            else:
+                removed += 1
+                positioned = cursor.delete() and bool(cursor.key())
+        if positioned:
+            txn.put(replay.SWEEP_POS, cursor.key(), db=dbs.meta)
+        elif position is not None:
+            txn.delete(replay.SWEEP_POS, db=dbs.meta)
+        return removed, scanned, positioned
+
     def count_outcome(self, result: SweepResult | None) -> None:
         """Add a committed sweep (None: a failed one) to the statistics."""
         if result is None:
@@ -150,6 +201,7 @@ class RetentionSweep:
         self._stats["sweeps"] += 1
         self._stats["outbox_removed"] += result.outbox_removed
         self._stats["idempotency_removed"] += result.idempotency_removed
+        self._stats["replay_removed"] += result.replay_removed
         self._retained_from = result.retained_from
 
     def statistics(self) -> RetentionStatistics:
@@ -179,11 +231,12 @@ async def run_retention(
             await trio.sleep(interval_s)
             continue
         sweep.count_outcome(result)
-        if result.outbox_removed or result.idempotency_removed:
+        if result.outbox_removed or result.idempotency_removed or result.replay_removed:
             log.info(
-                "retention removed %d outbox entries and %d idempotency records",
+                "retention removed %d outbox entries, %d idempotency records, %d replay chunks",
                 result.outbox_removed,
                 result.idempotency_removed,
+                result.replay_removed,
             )
         # the short pause lets request traffic through between full batches
         await trio.sleep(pause_s if result.more else interval_s)

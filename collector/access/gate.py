@@ -65,3 +65,34 @@ def admit_writer(
     matched = gate(record, origin, referer)
     site = bind_site(record, matched)
     return Caller(record, site, from_header)
+
+
+def admit_replay_writer(
+    cache: KeyCache,
+    *,
+    header_key: str | None,
+    query_key: str | None,
+    origin: str | None,
+    referer: str | None,
+) -> Caller:
+    """Gate a session-replay write (POST /v1/replay): website keys only, then as /v1/events.
+
+    Replay is recorded in the browser, so a mobile or server key is refused
+    with 403 key_type_not_allowed; a website key passes the same suspension,
+    events:write scope, domain gate and site scope as an event write.
+    """
+    record, _ = resolve_key(cache, header_key, query_key)
+    if record.key_type is not KeyType.BROWSER:
+        raise ServiceError(
+            "key_type_not_allowed",
+            f"session replay accepts website keys only, not a {record.key_type} key",
+            keyType=record.key_type.value,
+        )
+    return admit_writer(
+        cache,
+        header_key=header_key,
+        query_key=query_key,
+        origin=origin,
+        referer=referer,
+        signature_headers=(None, None),
+    )

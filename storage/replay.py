@@ -1,0 +1,171 @@
+"""Session-replay chunks: one record per (clientId, siteId, sessionId, seq).
+
+Key: `clientId \\0 siteId \\0 sessionId \\0 seq` with seq as 8 bytes big-endian,
+so one session's chunks sit together and read back in sequence order. The
+value is a msgpack `ReplayRecord`; its first fields are the small ones, so
+retention and `check` decode a `ReplayHead` without copying the chunk.
+
+A chunk is stored once: the same (key, content hash) again is a duplicate
+that returns the first receipt; another content under the same key is a
+conflict. Chunks draw on no usage counter and never enter the outbox.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import msgspec
+
+from storage.env import Storage
+from storage.errors import mapped_lmdb_errors
+from storage.writer import JobRefused, WriteContext
+
+SWEEP_POS = b"replay_sweep_pos"
+
+
+class ReplayRecord(msgspec.Struct, array_like=True, frozen=True):
+    received_ms: int
+    receipt_id: str
+    content_hash: bytes
+    visitor_id: str
+    client_timestamp: int | float | None
+    events: bytes  # the chunk's records as one JSON array
+
+
+class ReplayHead(msgspec.Struct, array_like=True, frozen=True):
+    """The leading fields of a ReplayRecord (msgspec skips the rest)."""
+
+    received_ms: int
+    receipt_id: str
+    content_hash: bytes
+
+
+class StoredChunk(msgspec.Struct, frozen=True):
+    receipt_id: str
+    duplicate: bool
+
+
+class ChunkConflict(msgspec.Struct, frozen=True):
+    """The (session, seq) already holds different content (409 idempotency_conflict)."""
+
+    session_id: str
+    seq: int
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(ReplayRecord)
+_head_decoder = msgspec.msgpack.Decoder(ReplayHead)
+
+
+def chunk_key(client_id: str, site_id: str, session_id: str, seq: int) -> bytes:
+    return f"{client_id}\x00{site_id}\x00{session_id}\x00".encode() + seq.to_bytes(8, "big")
+
+
+def split_key(key: bytes) -> tuple[str, str, str, int] | None:
+    """(clientId, siteId, sessionId, seq) of a chunk key; None when malformed."""
+    if len(key) < 12 or key[-9:-8] != b"\x00":
+        return None
+    parts = key[:-9].decode(errors="replace").split("\x00")
+    if len(parts) != 3:
+        return None
+    return parts[0], parts[1], parts[2], int.from_bytes(key[-8:], "big")
+
+
+def encode(record: ReplayRecord) -> bytes:
+    return _encoder.encode(record)
+
+
+def decode(raw: bytes | memoryview) -> ReplayRecord:
+    return _decoder.decode(raw)
+
+
+def decode_head(raw: bytes | memoryview) -> ReplayHead:
+    return _head_decoder.decode(raw)
+
+
+class StoreChunk:
+    """A WriteJob storing one chunk, or recognising it as a duplicate; refuses a conflict."""
+
+    __slots__ = (
+        "key",
+        "session_id",
+        "seq",
+        "content_hash",
+        "visitor_id",
+        "client_timestamp",
+        "events",
+    )
+
+    def __init__(
+        self,
+        *,
+        client_id: str,
+        site_id: str,
+        session_id: str,
+        seq: int,
+        content_hash: bytes,
+        visitor_id: str,
+        client_timestamp: int | float | None,
+        events: bytes,
+    ) -> None:
+        self.key = chunk_key(client_id, site_id, session_id, seq)
+        self.session_id = session_id
+        self.seq = seq
+        self.content_hash = content_hash
+        self.visitor_id = visitor_id
+        self.client_timestamp = client_timestamp
+        self.events = events
+
+    def run(self, ctx: WriteContext) -> StoredChunk:
+        db = ctx.dbs.replay
+        raw = ctx.txn.get(self.key, db=db)
+        if raw is not None:
+            head = decode_head(raw)
+            if head.content_hash != self.content_hash:
+                raise JobRefused(ChunkConflict(self.session_id, self.seq))
+            return StoredChunk(head.receipt_id, True)
+        receipt = f"rply_{ctx.storage.node_id}{os.urandom(6).hex()}"
+        record = ReplayRecord(
+            ctx.now_ms,
+            receipt,
+            self.content_hash,
+            self.visitor_id,
+            self.client_timestamp,
+            self.events,
+        )
+        ctx.txn.put(self.key, encode(record), db=db)
+        return StoredChunk(receipt, False)
+
+
+def iter_session(
+    storage: Storage, session_id: str, client_id: str | None = None, chunk: int = 64
+) -> Iterator[tuple[tuple[str, str, str, int], ReplayRecord]]:
+    """Every chunk of `session_id` (of one client, or of all), in key order.
+
+    Reads `chunk` records per snapshot, so a slow reader never holds a read
+    transaction open. With a client the scan covers that client's chunks only;
+    without one it walks the whole replay database (an operator tool).
+    """
+    prefix = f"{client_id}\x00".encode() if client_id is not None else b""
+    after: bytes | None = None
+    while True:
+        rows: list[tuple[tuple[str, str, str, int], ReplayRecord]] = []
+        with mapped_lmdb_errors(), storage.read() as txn:
+            cursor = txn.cursor(db=storage.dbs.replay)
+            positioned = cursor.set_range(after or prefix) if (after or prefix) else cursor.first()
+            if positioned and after is not None and cursor.key() == after:
+                positioned = cursor.next()
+            while positioned and len(rows) < chunk:
+                key = bytes(cursor.key())
+                if not key.startswith(prefix):
+                    positioned = False
+                    break
+                after = key
+                parts = split_key(key)
+                if parts is not None and parts[2] == session_id:
+                    rows.append((parts, decode(cursor.value())))
+                positioned = cursor.next()
+        yield from rows
+        if not positioned:
+            return

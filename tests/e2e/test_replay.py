@@ -1,0 +1,333 @@
+"""POST /v1/replay through the real server: storage, idempotency, body rules and every gate."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+from tests.conftest import (
+    BROWSER_KEY,
+    MOBILE_KEY,
+    SERVER_KEY,
+    STAMP,
+    RunningServer,
+    pageview,
+    start_server,
+)
+from tests.e2e.test_gates import EXPOSED
+from tests.helpers import outbox_dump, run_cli
+
+READONLY = "cs_live_readonly0000"
+WRITER = "cs_live_writer000000"
+SUSPENDED = "cs_live_suspended000"
+MULTI = "cs_live_multi0000000"
+SLOW = "cs_live_slow00000000"
+TENANTS = {
+    "keys": [
+        {"key": BROWSER_KEY, "clientId": "acme", "plan": "free", "rateLimit": 100,
+         "sites": [{"siteId": "web", "domains": ["acme.com"]}]},
+        {"key": MOBILE_KEY, "clientId": "acme", "plan": "free", "rateLimit": 50, "keyType": "mobile",
+         "sites": [{"siteId": "app"}]},
+        {"key": SERVER_KEY, "clientId": "acme", "plan": "free", "rateLimit": 50, "keyType": "server",
+         "sites": [{"siteId": "backend"}]},
+        {"key": READONLY, "clientId": "acme", "permissions": ["events:read"],
+         "sites": [{"siteId": "web", "domains": ["acme.com"]}]},
+        {"key": WRITER, "clientId": "acme", "permissions": ["events:read", "events:write"],
+         "sites": [{"siteId": "web", "domains": ["acme.com"]}]},
+        {"key": SUSPENDED, "clientId": "gone", "suspended": True,
+         "sites": [{"siteId": "web", "domains": ["gone.com"]}]},
+        {"key": MULTI, "clientId": "multi", "plan": "paid", "rateLimit": 100,
+         "sites": [{"siteId": "main", "domains": ["multi.com"]},
+                   {"siteId": "shop", "domains": ["shop.example.co.uk"]}]},
+        {"key": SLOW, "clientId": "slow", "plan": "free", "rateLimit": 1,
+         "sites": [{"siteId": "web", "domains": ["slow.com"]}]},
+    ]
+}  # fmt: skip
+ACME = {"Origin": "https://acme.com"}
+
+
+def chunk(seq: int = 0, session: str = "s1", **overrides: object) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "visitorId": "v1",
+        "sessionId": session,
+        "seq": seq,
+        "timestamp": STAMP,
+        "events": [
+            {"type": 4, "timestamp": STAMP, "data": {"href": "https://acme.com/", "width": 1280}},
+            {"type": 2, "timestamp": STAMP + 1, "data": {"node": {"id": 1, "childNodes": []}}},
+        ],
+    }
+    body.update(overrides)
+    return body
+
+
+async def send(
+    server: RunningServer,
+    body: dict[str, Any] | None = None,
+    *,
+    key: str | None = BROWSER_KEY,
+    headers: dict[str, str] | None = None,
+    content: bytes | None = None,
+    path: str = "/v1/replay",
+) -> httpx.Response:
+    sent = dict(ACME if headers is None else headers)
+    if key is not None:
+        sent["X-API-Key"] = key
+    if content is None:
+        content = json.dumps(chunk() if body is None else body).encode()
+        sent.setdefault("Content-Type", "application/json")
+    return await server.client.post(path, content=content, headers=sent)
+
+
+async def replay_dump(server: RunningServer, *args: str) -> list[dict[str, Any]]:
+    result = await trio.to_thread.run_sync(
+        lambda: run_cli("replay", "dump", *args, data_dir=server.data_dir)
+    )
+    return [json.loads(line) for line in result.stdout.splitlines() if line]
+
+
+async def serve(nursery: trio.Nursery, tmp_path: Path, **overrides: object) -> RunningServer:
+    return await start_server(nursery, tmp_path, TENANTS, **overrides)
+
+
+def refused_with(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    body: dict[str, Any] = response.json()
+    assert body["error"] == code, body
+    return body
+
+
+async def test_chunks_are_stored_and_dumped_in_seq_order(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    server = await serve(nursery, tmp_path)
+    responses = [await send(server, chunk(seq)) for seq in (1, 0)]
+    for seq, response in zip((1, 0), responses, strict=True):
+        assert response.status_code == 202, response.text
+        body = response.json()
+        assert set(body) == {
+            "success",
+            "accepted",
+            "duplicate",
+            "sessionId",
+            "seq",
+            "receiptId",
+            "timestamp",
+        }
+        assert (body["success"], body["accepted"], body["duplicate"]) == (True, 1, False)
+        assert (body["sessionId"], body["seq"]) == ("s1", seq)
+        assert body["receiptId"].startswith("rply_")
+    assert responses[0].headers["X-RateLimit-Scope"] == "ingest"
+    assert "X-Service-Billing-Mode" not in responses[0].headers  # replay draws on no unit
+
+    rows = await replay_dump(server, "--session", "s1")
+    assert [row["seq"] for row in rows] == [0, 1]
+    first = rows[0]
+    assert {k: first[k] for k in ("clientId", "siteId", "sessionId", "visitorId", "timestamp")} == {
+        "clientId": "acme", "siteId": "web", "sessionId": "s1", "visitorId": "v1", "timestamp": STAMP,
+    }  # fmt: skip
+    assert first["receiptId"] == responses[1].json()["receiptId"]
+    assert first["events"] == chunk()["events"]
+    assert isinstance(first["receivedAt"], int)
+    assert await replay_dump(server, "--session", "s1", "--client", "acme") == rows
+    assert await replay_dump(server, "--session", "s1", "--client", "other") == []
+    assert await replay_dump(server, "--session", "nope") == []
+    assert await outbox_dump(server.data_dir) == []  # replay never enters the event outbox
+    usage = await trio.to_thread.run_sync(
+        lambda: run_cli("usage", "show", "--account", "acme", data_dir=server.data_dir)
+    )
+    rows_used = [json.loads(line)["used"] for line in usage.stdout.splitlines()]
+    assert rows_used == [0, 0]  # and counts toward no monthly unit
+    report = await trio.to_thread.run_sync(lambda: run_cli("check", data_dir=server.data_dir))
+    assert json.loads(report.stdout)["replay_chunks"] == 2
+
+
+async def test_duplicate_and_conflict(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await serve(nursery, tmp_path)
+    first = (await send(server)).json()
+    again = await send(server, chunk(timestamp=STAMP + 9000))  # a retry, sent later
+    assert again.status_code == 202
+    assert again.json() | {"timestamp": 0} == first | {
+        "accepted": 0,
+        "duplicate": True,
+        "timestamp": 0,
+    }
+    reordered = json.dumps(dict(reversed(list(chunk().items()))), indent=1).encode()
+    assert (await send(server, content=reordered, headers=ACME)).json()["duplicate"] is True
+    conflict = await send(server, chunk(events=[{"type": 3, "data": {"source": 1}}]))
+    body = refused_with(conflict, 409, "idempotency_conflict")
+    assert (body["sessionId"], body["seq"]) == ("s1", 0)
+    other_visitor = await send(server, chunk(visitorId="v2"))
+    refused_with(other_visitor, 409, "idempotency_conflict")
+    [stored] = await replay_dump(server, "--session", "s1")
+    assert stored["events"] == chunk()["events"] and stored["visitorId"] == "v1"
+
+
+async def test_gzip_bodies_and_size_caps(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await serve(nursery, tmp_path)
+    packed = gzip.compress(json.dumps(chunk(3)).encode())
+    headers = {**ACME, "Content-Encoding": "gzip", "Content-Type": "application/json"}
+    assert (await send(server, content=packed, headers=headers)).status_code == 202
+    wrong_type = await send(
+        server,
+        content=packed,
+        headers={**ACME, "Content-Encoding": "gzip", "Content-Type": "text/plain"},
+    )
+    assert wrong_type.status_code == 400
+    assert wrong_type.json() == {"error": "Content-Type must be application/json"}
+    records = [{"type": 3, "data": {"text": "x" * 1000}} for _ in range(1100)]  # ~1.1 MB decoded
+    refused_with(await send(server, chunk(4, events=records)), 413, "payload_too_large")
+    bomb = gzip.compress(b'{"visitorId": "' + b" " * (11 * 1024 * 1024) + b'"}')
+    refused_with(await send(server, content=bomb, headers=headers), 413, "payload_too_large")
+    assert [row["seq"] for row in await replay_dump(server, "--session", "s1")] == [3]
+
+
+async def test_send_beacon_with_key_in_query(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await serve(nursery, tmp_path)
+    for seq, content_type in enumerate(("text/plain;charset=UTF-8", None)):
+        headers = dict(ACME)
+        if content_type:
+            headers["Content-Type"] = content_type
+        response = await send(
+            server,
+            key=None,
+            path=f"/v1/replay?key={BROWSER_KEY}",
+            headers=headers,
+            content=json.dumps(chunk(seq)).encode(),
+        )
+        assert response.status_code == 202, response.text
+    assert len(await replay_dump(server, "--session", "s1")) == 2
+
+
+async def test_key_gate_errors(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await serve(nursery, tmp_path)
+    refused_with(await send(server, key=None), 401, "missing_api_key")
+    refused_with(await send(server, key="cs_live_unknown00000"), 401, "invalid_api_key")
+    refused_with(
+        await send(server, key=SUSPENDED, headers={"Origin": "https://gone.com"}),
+        403,
+        "account_suspended",
+    )
+    refused_with(await send(server, key=READONLY), 403, "insufficient_permission")
+    assert (await send(server, chunk(1), key=WRITER)).status_code == 202
+    for key in (MOBILE_KEY, SERVER_KEY):
+        body = refused_with(await send(server, key=key), 403, "key_type_not_allowed")
+        assert body["keyType"] in ("mobile", "server")
+    wrong_method = await server.client.get("/v1/replay", headers={"X-API-Key": BROWSER_KEY})
+    refused_with(wrong_method, 405, "method_not_allowed")
+    assert [row["seq"] for row in await replay_dump(server, "--session", "s1")] == [1]
+
+
+async def test_domain_gate_and_site_scope(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await serve(nursery, tmp_path)
+    refused_with(await send(server, headers={}), 403, "origin_required")
+    refused_with(await send(server, headers={"Origin": "null"}), 403, "origin_required")
+    evil = await send(server, headers={"Origin": "https://evilacme.com"})
+    refused_with(evil, 403, "domain_not_allowed")
+    passing = [
+        {"Referer": "https://www.acme.com/checkout/step-2?x=y"},
+        {"Origin": "http://[::1]:3000"},
+        {"Origin": "http://localhost:5173"},
+        {"Origin": "https://shop.acme.com"},
+    ]
+    for seq, headers in enumerate(passing):
+        response = await send(server, chunk(seq), headers=headers)
+        assert response.status_code == 202, (headers, response.text)
+    ambiguous = await send(
+        server, chunk(session="m"), key=MULTI, headers={"Origin": "http://localhost"}
+    )
+    refused_with(ambiguous, 403, "site_scope_ambiguous")
+    for seq, origin in enumerate(("https://multi.com", "https://example.co.uk")):
+        response = await send(
+            server, chunk(seq, session="m"), key=MULTI, headers={"Origin": origin}
+        )
+        assert response.status_code == 202, response.text
+    assert len(await replay_dump(server, "--session", "s1")) == len(passing)
+    rows = await replay_dump(server, "--session", "m", "--client", "multi")
+    assert [(row["siteId"], row["seq"]) for row in rows] == [("main", 0), ("shop", 1)]
+
+
+async def test_rate_bucket_is_shared_with_events(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await serve(nursery, tmp_path)
+    server.clock.fixed = 1_800_000_000.0  # the start of a minute window
+    slow = {"Origin": "https://slow.com"}
+    for n in range(20):
+        event = await server.client.post(
+            "/v1/events", json=pageview(f"e{n}"), headers={"X-API-Key": SLOW, **slow}
+        )
+        assert event.status_code == 202, event.text
+    for seq in range(100):  # the burst bucket holds 120
+        assert (await send(server, chunk(seq), key=SLOW, headers=slow)).status_code == 202
+    last = await send(server, chunk(100), key=SLOW, headers=slow)
+    body = refused_with(last, 429, "rate_limit_exceeded")
+    assert body["retryAfter"] == 60 and last.headers["Retry-After"] == "60"
+    assert last.headers["X-RateLimit-Remaining"] == "0"
+    assert last.headers["X-RateLimit-Burst-Remaining"] == "0"
+    assert last.headers["X-RateLimit-Policy"] == "60;w=60;burst=2"
+    assert last.headers["X-RateLimit-Scope"] == "ingest"
+    assert len(await replay_dump(server, "--session", "s1", "--client", "slow")) == 100
+    server.clock.fixed += 60
+    assert (await send(server, chunk(100), key=SLOW, headers=slow)).status_code == 202
+
+
+async def test_cors_and_preflight(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await serve(nursery, tmp_path)
+    preflight = await server.client.options(
+        "/v1/replay",
+        headers={"Origin": "https://acme.com", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "content-type,content-encoding,x-api-key"},
+    )  # fmt: skip
+    assert preflight.status_code == 204
+    assert preflight.headers["Access-Control-Allow-Origin"] == "https://acme.com"
+    assert "POST" in preflight.headers["Access-Control-Allow-Methods"]
+    allowed = set(preflight.headers["Access-Control-Allow-Headers"].lower().split(", "))
+    assert {"content-type", "content-encoding", "x-api-key"} <= allowed
+    refused = await server.client.options(
+        f"/v1/replay?key={BROWSER_KEY}", headers={"Origin": "https://evilacme.com"}
+    )
+    refused_with(refused, 403, "domain_not_allowed")
+    assert "Access-Control-Allow-Methods" not in refused.headers
+    response = await send(server)
+    assert response.headers["Access-Control-Allow-Origin"] == "https://acme.com"
+    exposed = {
+        h.strip().lower() for h in response.headers["Access-Control-Expose-Headers"].split(",")
+    }
+    assert exposed == EXPOSED
+    denied = await send(server, headers={"Origin": "https://evilacme.com"})
+    assert (
+        denied.headers["Access-Control-Allow-Origin"] == "https://evilacme.com"
+    )  # readable refusal
+
+
+async def test_body_refusals_store_nothing(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await serve(nursery, tmp_path)
+    card = chunk(events=[{"type": 3, "data": {"source": 5, "text": "4111-1111-1111-1111"}}])
+    body = refused_with(await send(server, card), 400, "prohibited_payment_data")
+    assert "nothing was stored" in body["message"]
+    field = chunk(events=[{"type": 3, "data": {"card_number": "x"}}])
+    refused_with(await send(server, field), 400, "prohibited_payment_data")
+    refused_with(
+        await send(server, content=b'{"visitorId": "v1",', headers=ACME), 400, "invalid_json"
+    )
+    invalid = refused_with(await send(server, chunk(seq=-1)), 400, "validation_error")
+    assert invalid["details"] == [{"path": "$.seq", "message": "Expected `int` >= 0"}]
+    refused_with(await send(server, chunk(events=[])), 400, "validation_error")
+    assert await replay_dump(server, "--session", "s1") == []
+
+
+async def test_retention_sweeps_old_chunks(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await serve(nursery, tmp_path, replay_retention_hours=1, retention_interval_s=0.2)
+    assert (await send(server)).status_code == 202
+    assert len(await replay_dump(server, "--session", "s1")) == 1
+    server.clock.offset = 2 * 3600  # two hours later: the next sweep (every 0.2 s) removes it
+    for _ in range(50):
+        if not await replay_dump(server, "--session", "s1"):
+            break
+        await trio.sleep(0.2)
+    else:
+        raise AssertionError("the retention sweep did not remove the expired chunk")
