@@ -187,7 +187,11 @@ class PatternMatcher:
 
 
 def _name(matched: str, pattern: str) -> str:
+    """A short product name for the signal: the matched text unless the pattern
+    could have spanned free text (a repetition), then the pattern's longest literal."""
     name = matched.strip(" /;()")
-    if not name or len(name) > 32 or not re.fullmatch(r"[\w.\- ]+", name):
-        name = re.sub(r"[^\w.\- ]", "", pattern)[:32]
-    return name
+    if ("*" in pattern or "+" in pattern or not name or len(name) > 32
+            or not re.fullmatch(r"[\w.\- ]+", name)):
+        literals = _literals(sre_parser.parse(pattern))
+        name = max(literals, key=len) if literals else re.sub(r"[^\w.\- ]", "", pattern)
+    return name[:32]
