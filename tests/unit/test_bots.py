@@ -121,6 +121,22 @@ def test_browsers_are_human(classifier: BotClassifier, user_agent: str) -> None:
         == BotVerdict(False, "human", ())
 
 
+@pytest.mark.parametrize(("user_agent", "category"), [
+    ("Mozilla/5.0 (Macintosh; Intel Mac OS X 10_15_7) AppleWebKit/537.36 (KHTML, like Gecko) Slack/4.41.105 "
+     "Chrome/130.0.6723.191 Electron/33.2.1 Safari/537.36 Sonic Slack_SSB/4.41.105", "human"),
+    ("Mozilla/5.0 (Macintosh; Intel Mac OS X 10_15_7) AppleWebKit/537.36 (KHTML, like Gecko) Notion/4.3.0 "
+     "Chrome/130.0.6723.191 Electron/33.2.1 Safari/537.36", "human"),
+    ("Mozilla/5.0 (Macintosh; U; Intel Mac OS X 10_5_6; en-us) AppleWebKit/528.16 (KHTML, like Gecko) "
+     "Fluid/0.9.6 Safari/528.16", "human"),
+    # The narrowed patterns still catch what the package meant.
+    ("Notion/1.0 (https://notion.so; team@makenotion.com)", "crawler"),
+    ("Mozilla/5.0 (compatible; Sonic/1.0; http://www.yama.info.waseda.ac.jp/~crawler/info.html)", "crawler"),
+    ("Mozilla/5.0 (compatible; RankSonicSiteAuditor/1.0; +https://ranksonic.com/ranksonic_sab.html)", "crawler"),
+])
+def test_pattern_replacements(classifier: BotClassifier, user_agent: str, category: str) -> None:
+    assert web(classifier, user_agent).category == category
+
+
 def test_native_is_exempt_from_user_agent_header_and_datacenter_rules(classifier: BotClassifier) -> None:
     evidence = headers_for(classifier, {"user-agent": FIREFOX_WIN, **HINTS_CHROME_WIN}, "203.0.113.7")
     for user_agent in ("okhttp/4.12.0", "curl/8.5.0", "MyApp/3 CFNetwork/1568.100.1 Darwin/24.0.0", SAFARI_MAC):
@@ -300,8 +316,11 @@ def test_user_agent_cache_is_bounded() -> None:
     classifier = BotClassifier()
     for i in range(5000):
         web(classifier, f"{CHROME_WIN} X/{i}")
-    info = classifier._facts.cache_info()  # type: ignore[attr-defined]
-    assert info.currsize == info.maxsize == 4096
+    stats = classifier.statistics()
+    assert stats.cache_size == 4096 and stats.cache_misses == 5000 and stats.cache_hits == 0
+    web(classifier, f"{CHROME_WIN} X/4999")
+    assert classifier.statistics().cache_hits == 1
+    assert stats.patterns > 1500 and stats.datacenter_networks == 0
 
 
 # -- the labelled set -----------------------------------------------------------------------

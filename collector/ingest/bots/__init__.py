@@ -47,8 +47,10 @@ The rules, each with its signal label:
    tagged search-engine), browser-automation -> automation, search-engine ->
    search_crawler, http-library -> tool, everything else -> crawler. A small
    overlay in `_patterns.py` re-categorises user-triggered AI fetchers as
-   answer_engine and adds library user agents the package lacks (anchored at
-   the start of the string). The most specific category wins when several
+   answer_engine, narrows or drops the few package patterns that also match
+   applications people browse with (Slack's and Notion's desktop apps, the
+   Fluid site-specific browser), and adds library user agents the package
+   lacks (anchored at the start of the string). The most specific category wins when several
    entries match (answer_engine, ai_crawler, automation, search_crawler,
    crawler, tool).
 2. SDK automation (`sdk:*`; native events too, spec 5.5 rule 8):
@@ -87,9 +89,10 @@ Native events (clientPlatform ios, android, react-native, server) are exempt
 from rules 1, 3 and 4 (an app's HTTP stack, such as okhttp or CFNetwork, is
 not a scraper), not from rule 2.
 
-Cost: the user-agent part is cached per classifier (LRU, 4,096 entries);
-an uncached user agent goes through a trie prefilter of the patterns'
-literals before any pattern runs.
+Cost: the patterns are compiled once per process (~0.2 s, shared by every
+classifier); the user-agent part of a verdict is cached per classifier (LRU,
+4,096 entries, see `statistics()`); an uncached user agent goes through a
+trie prefilter of the patterns' literals before any pattern runs.
 """
 
 from collector.ingest.bots._classify import (
@@ -99,6 +102,7 @@ from collector.ingest.bots._classify import (
     STRONG_AUTOMATION_SIGNALS,
     BotClassifier,
     BotVerdict,
+    ClassifierStatistics,
 )
 from collector.ingest.bots._patterns import (
     AI_CRAWLER,
@@ -118,6 +122,7 @@ __all__ = [
     "STRONG_AUTOMATION_SIGNALS",
     "BotClassifier",
     "BotVerdict",
+    "ClassifierStatistics",
     "RequestEvidence",
     "request_evidence",
 ]

@@ -9,7 +9,7 @@ import msgspec
 
 from collector.ingest.bots import _agent as agent
 from collector.ingest.bots._networks import NetworkSet
-from collector.ingest.bots._patterns import AUTOMATION, PatternMatcher, load_entries
+from collector.ingest.bots._patterns import AUTOMATION, default_matcher
 from collector.ingest.bots._request import RequestEvidence
 
 HUMAN = "human"
@@ -37,6 +37,14 @@ class BotVerdict(msgspec.Struct, frozen=True):
 HUMAN_VERDICT = BotVerdict(False, HUMAN)
 
 
+class ClassifierStatistics(msgspec.Struct, frozen=True):
+    patterns: int  # user-agent patterns (package plus overlay)
+    datacenter_networks: int  # disjoint ranges after merging
+    cache_size: int
+    cache_hits: int
+    cache_misses: int
+
+
 class _AgentFacts(msgspec.Struct, frozen=True):
     declared: tuple[str, str] | None  # (category, name) from the pattern list
     family: str | None
@@ -52,11 +60,17 @@ class BotClassifier:
 
     def __init__(self, datacenter_cidrs: Iterable[str] = ()) -> None:
         self._networks = NetworkSet(datacenter_cidrs)
-        self._matcher = PatternMatcher(load_entries())
+        self._matcher = default_matcher()
         # Per-instance bounded cache of the user-agent-only work.
         self._facts = functools.lru_cache(maxsize=4096)(self._agent_facts)
 
+    def statistics(self) -> ClassifierStatistics:
+        info = self._facts.cache_info()
+        return ClassifierStatistics(self._matcher.pattern_count, self._networks.size,
+                                    info.currsize, info.hits, info.misses)
+
     def is_datacenter(self, client_ip: str) -> bool:
+        """True when the address is in a listed network; loopback and unparsable: False."""
         return client_ip in self._networks
 
     def _agent_facts(self, user_agent: str) -> _AgentFacts:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import ipaddress
+import socket
 from collections.abc import Iterable
 
 
@@ -41,15 +42,26 @@ class NetworkSet:
         """True when `address` lies in a listed network; loopback and unparsable: False."""
         if not self.size:
             return False
-        try:
-            ip = ipaddress.ip_address(address.strip("[]"))
-        except ValueError:
+        parsed = _parse(address.strip("[]"))
+        if parsed is None:
             return False
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
-        if ip.is_loopback:
+        version, value = parsed
+        loopback = (value >> 24 == 127) if version == 4 else (value == 1)
+        if loopback:
             return False
-        starts = self._starts[ip.version]
-        value = int(ip)
-        index = bisect.bisect_right(starts, value) - 1
-        return index >= 0 and value <= self._ends[ip.version][index]
+        index = bisect.bisect_right(self._starts[version], value) - 1
+        return index >= 0 and value <= self._ends[version][index]
+
+
+def _parse(address: str) -> tuple[int, int] | None:
+    """(4 or 6, integer value); IPv4-mapped IPv6 reads as IPv4. inet_pton is ~10x
+    faster than `ipaddress.ip_address`, and this runs once per request."""
+    try:
+        return 4, int.from_bytes(socket.inet_pton(socket.AF_INET, address))
+    except OSError:
+        pass
+    try:
+        value = int.from_bytes(socket.inet_pton(socket.AF_INET6, address))
+    except OSError:
+        return None
+    return (4, value & 0xFFFFFFFF) if value >> 32 == 0xFFFF else (6, value)

@@ -10,6 +10,7 @@ without a usable literal are few and always tried.
 
 from __future__ import annotations
 
+import functools
 import re
 import re._constants as sre_constants  # the documented parse tree of `re` (private but stable)
 import re._parser as sre_parser
@@ -49,7 +50,19 @@ CATEGORY_OVERRIDES: dict[str, str] = {
     "meta-externalfetcher\\/": ANSWER_ENGINE,
 }
 
-# Overlay 2: user agents the package lacks. Libraries are anchored at the start
+# Overlay 2: package patterns that also match applications people browse with,
+# replaced by a narrower pattern (or dropped: None).
+PATTERN_REPLACEMENTS: dict[str, str | None] = {
+    # A research crawler's name; also Slack's desktop app ("... Sonic Slack_SSB/4.41").
+    "Sonic": "RankSonic|compatible; Sonic/",
+    # Notion's link-preview fetcher starts with its name; Notion's desktop app,
+    # which renders embedded pages, says "Mozilla/5.0 ... Notion/3.x ... Electron".
+    "Notion\\/": "^Notion/",
+    # Fluid is a site-specific browser: a person using a web app in its own window.
+    "Fluid": None,
+}
+
+# Overlay 3: user agents the package lacks. Libraries are anchored at the start
 # of the string, where they put their name, so a browser can never match.
 EXTRA_PATTERNS: tuple[tuple[str, str], ...] = (
     ("^Java/", TOOL),
@@ -100,7 +113,12 @@ def load_entries() -> list[tuple[str, str]]:
     """(pattern, category) for every package entry and every overlay entry."""
     raw = resources.files("crawleruseragents").joinpath("crawler-user-agents.json").read_bytes()
     entries = msgspec.json.decode(raw, type=list[_Entry])
-    return [(e.pattern, category_of(e.pattern, e.tags)) for e in entries] + list(EXTRA_PATTERNS)
+    found = []
+    for entry in entries:
+        pattern = PATTERN_REPLACEMENTS.get(entry.pattern, entry.pattern)
+        if pattern is not None:
+            found.append((pattern, category_of(entry.pattern, entry.tags)))
+    return found + list(EXTRA_PATTERNS)
 
 
 def _literals(parsed: Any) -> list[str] | None:
@@ -195,3 +213,9 @@ def _name(matched: str, pattern: str) -> str:
         literals = _literals(sre_parser.parse(pattern))
         name = max(literals, key=len) if literals else re.sub(r"[^\w.\- ]", "", pattern)
     return name[:32]
+
+
+@functools.cache
+def default_matcher() -> PatternMatcher:
+    """The package list plus overlay, compiled once per process (~0.2 s) and shared."""
+    return PatternMatcher(load_entries())
