@@ -132,9 +132,24 @@ def test_browsers_are_human(classifier: BotClassifier, user_agent: str) -> None:
     ("Notion/1.0 (https://notion.so; team@makenotion.com)", "crawler"),
     ("Mozilla/5.0 (compatible; Sonic/1.0; http://www.yama.info.waseda.ac.jp/~crawler/info.html)", "crawler"),
     ("Mozilla/5.0 (compatible; RankSonicSiteAuditor/1.0; +https://ranksonic.com/ranksonic_sab.html)", "crawler"),
+    ("Mozilla/5.0 (Linux; Android 10; V2001A) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/77.0.3865.120 "
+     "Mobile Safari/537.36 SogouMobileBrowser/5.30.20", "human"),
+    ("Sogou web spider/4.0(+http://www.sogou.com/docs/help/webmasters.htm#07)", "search_crawler"),
+    ("Mozilla/5.0 (iPhone; CPU iPhone OS 17_5 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) "
+     "Mobile/15E148 Tumblr/iOS/37.2", "human"),
+    ("Tumblr/14.0.835.186", "crawler"),
+    ("WhatsApp/2.19.330 A", "crawler"),
 ])
 def test_pattern_replacements(classifier: BotClassifier, user_agent: str, category: str) -> None:
     assert web(classifier, user_agent).category == category
+
+
+def test_every_package_instance_is_a_bot_but_the_dropped_ones() -> None:
+    raw = resources.files("crawleruseragents").joinpath("crawler-user-agents.json").read_bytes()
+    classifier = BotClassifier()
+    missed = {(entry["pattern"], ua) for entry in json.loads(raw) for ua in entry["instances"]
+              if not web(classifier, ua).is_bot}
+    assert {pattern for pattern, _ in missed} == {"Fluid"}
 
 
 def test_native_is_exempt_from_user_agent_header_and_datacenter_rules(classifier: BotClassifier) -> None:

@@ -60,6 +60,14 @@ PATTERN_REPLACEMENTS: dict[str, str | None] = {
     "Notion\\/": "^Notion/",
     # Fluid is a site-specific browser: a person using a web app in its own window.
     "Fluid": None,
+    # Preview fetchers that start with the app's name; the apps' own in-app
+    # browsers and desktop apps (SogouMobileBrowser, "Tumblr/iOS", an Asana
+    # Electron window) put the name later in a browser user agent.
+    "Sogou": "Sogou[\\w -]*[Ss]pider",
+    "Viber": "^Viber",
+    "WhatsApp": "^WhatsApp",
+    "Tumblr\\/": "^Tumblr/",
+    "Asana\\/": "^Asana/",
 }
 
 # Overlay 3: user agents the package lacks. Libraries are anchored at the start
