@@ -296,6 +296,7 @@ def test_datacenter_cidrs(classifier: BotClassifier, ip: str, datacenter: bool) 
     expected = BotVerdict(True, "datacenter", ("ip:datacenter",)) if datacenter else BotVerdict(False, "human")
     assert web(classifier, CHROME_WIN, request=evidence) == expected
     assert classifier.classify(user_agent=CHROME_WIN, native=True, request=evidence).is_bot is False
+    assert web(classifier, None, request=evidence).is_bot is datacenter  # the address alone decides
 
 
 def test_overlapping_cidrs_merge() -> None:

@@ -7,13 +7,20 @@ bot user agents), `_agent` (coarse user-agent and platform facts),
 
 Wiring (the ingest pipeline)::
 
-    classifier = BotClassifier(datacenter_cidrs)          # once, at start-up
-    evidence = request_evidence(headers, client_ip, classifier)   # once per request
+    classifier = BotClassifier(load_cidrs(path) if path else ())  # once, at start-up
+    evidence = request_evidence(dict(ctx.request_headers), ctx.client_ip, classifier)
     verdict = classifier.classify(                         # once per event
-        user_agent=device.userAgent, native=platform != "web",
+        user_agent=device.userAgent,
+        native=client_platform in ("ios", "android", "react-native", "server"),
         automation_score=..., automation_webdriver=..., automation_signals=...,
         device_platform=device.platform, request=evidence)
     verdict.is_bot, verdict.category, verdict.signals
+
+`client_platform` is the value after the key-type rewrite (spec 2.4), so a
+website key never counts as native. `request_evidence` runs once per request
+(`headers` with lower-case names); `classify` never raises.
+`BotClassifier(...)` raises ValueError for a CIDR that does not parse
+(`collector.settings.load_cidrs` already names the bad line of a file).
 
 Categories (`BotVerdict.category`; CATEGORIES lists them):
 

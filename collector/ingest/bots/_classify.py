@@ -114,9 +114,9 @@ class BotClassifier:
             if stealth:
                 categories.append(AUTOMATION)
                 signals += stealth
-            if request is not None and request.datacenter:
-                categories.append(DATACENTER)
-                signals.append("ip:datacenter")
+        if not native and request is not None and request.datacenter:
+            categories.append(DATACENTER)
+            signals.append("ip:datacenter")
         if not categories:
             return HUMAN_VERDICT
         return BotVerdict(True, categories[0], tuple(signals))
