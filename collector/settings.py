@@ -7,6 +7,7 @@ keys), then `COLLECTOR_<NAME>` environment variables, then the defaults below.
 from __future__ import annotations
 
 import enum
+import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping
@@ -26,6 +27,8 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     env: Environment = Environment.PRODUCTION
     tenants: str | None = None
     trusted_origin: list[str] = []
+    # bot classification: a text file of datacenter CIDRs, one a line (see load_cidrs)
+    datacenter_cidrs_file: str | None = None
     # access: key cache (spec 5.6)
     key_cache_ttl: Annotated[float, msgspec.Meta(ge=0)] = 120.0
     key_negative_ttl: Annotated[float, msgspec.Meta(ge=0)] = 30.0
@@ -103,3 +106,24 @@ def load_settings(
         return msgspec.convert(merged, Settings, strict=False)
     except msgspec.ValidationError as exc:
         raise SettingsError(f"invalid setting: {exc}") from None
+
+
+def load_cidrs(path: str) -> list[str]:
+    """The networks of a datacenter CIDR file: one IPv4 or IPv6 CIDR a line.
+
+    Blank lines and `#` comments (whole-line or trailing) are skipped. Raises
+    ValueError naming the file and line number of a line that is not a
+    network, and OSError when the file cannot be read.
+    """
+    cidrs: list[str] = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            text = line.split("#", 1)[0].strip()
+            if not text:
+                continue
+            try:
+                ipaddress.ip_network(text, strict=False)
+            except ValueError:
+                raise ValueError(f"{path}:{number}: not an IP network: {text!r}") from None
+            cidrs.append(text)
+    return cidrs
