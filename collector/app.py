@@ -27,15 +27,17 @@ from collector.access.keycache import KeyCache
 from collector.demo import DEMO_TENANTS
 from collector.fieldkeys import key_file_path, load_or_create
 from collector.http.asgi import Receive, Scope, Send, send_response
+from collector.http.client_address import TrustedProxies
 from collector.http.ingest import make_ingest_handler
 from collector.http.ops import register_ops_routes
 from collector.http.replay import make_replay_handler
 from collector.http.router import Router
+from collector.ingest.bots import BotClassifier
 from collector.limits.buckets import RateLimiter
 from collector.limits.usage import billing_period
 from collector.metrics import Metrics, gauge
 from collector.services import Services, wall_clock
-from collector.settings import Settings
+from collector.settings import Settings, SettingsError, load_cidrs
 from collector.tenants_admin import import_tenants
 from storage.counters import iter_counters
 from storage.env import Storage
@@ -54,6 +56,23 @@ def open_storage(settings: Settings) -> Storage:
     )
 
 
+def bot_classifier(settings: Settings) -> BotClassifier:
+    """The classifier with the operator's datacenter networks (start-up; blocking reads are fine)."""
+    if not settings.datacenter_cidrs_file:
+        return BotClassifier()
+    try:
+        return BotClassifier(load_cidrs(settings.datacenter_cidrs_file))
+    except (OSError, ValueError) as exc:
+        raise SettingsError(f"datacenter_cidrs_file: {exc}") from None
+
+
+def trusted_proxies(settings: Settings) -> TrustedProxies:
+    try:
+        return TrustedProxies(settings.trusted_proxies)
+    except ValueError as exc:
+        raise SettingsError(f"trusted_proxies: {exc}") from None
+
+
 def build_services(
     settings: Settings, storage: Storage, clock: Callable[[], float] = wall_clock
 ) -> Services:
@@ -68,6 +87,8 @@ def build_services(
     keys = KeyCache(storage, ttl=settings.key_cache_ttl, negative_ttl=settings.key_negative_ttl)
     services = Services(
         sealer=load_or_create(key_file_path(settings)),
+        bots=bot_classifier(settings),
+        proxies=trusted_proxies(settings),
         settings=settings,
         storage=storage,
         writer=writer,

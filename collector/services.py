@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from collector.access.keycache import KeyCache
+from collector.http.client_address import TrustedProxies
+from collector.ingest.bots import BotClassifier
 from collector.ingest.sealing import FieldSealer
 from collector.limits.buckets import RateLimiter
 from collector.metrics import Metrics
@@ -28,6 +30,8 @@ class Services:
     limiter: RateLimiter
     metrics: Metrics
     sealer: FieldSealer  # seals form values and raw identity fields before storage
+    bots: BotClassifier  # bot verdicts; holds the operator's datacenter networks
+    proxies: TrustedProxies  # whose X-Forwarded-For names the visitor
     # Wall-clock seconds; tests pass a clock they can move (period rollover).
     clock: Callable[[], float] = field(default=wall_clock)
 

@@ -29,6 +29,8 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     trusted_origin: list[str] = []
     # bot classification: a text file of datacenter CIDRs, one a line (see load_cidrs)
     datacenter_cidrs_file: str | None = None
+    # load balancers whose X-Forwarded-For names the visitor (CIDRs)
+    trusted_proxies: list[str] = []
     # access: key cache (spec 5.6)
     key_cache_ttl: Annotated[float, msgspec.Meta(ge=0)] = 120.0
     key_negative_ttl: Annotated[float, msgspec.Meta(ge=0)] = 30.0
@@ -80,7 +82,7 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
         raw = environ.get(f"COLLECTOR_{name.upper()}")
         if raw is None:
             continue
-        values[name] = raw.split(",") if name == "trusted_origin" else raw
+        values[name] = raw.split(",") if name in ("trusted_origin", "trusted_proxies") else raw
     return values
 
 

@@ -31,6 +31,7 @@ from collector.http.headers import (
     usage_headers,
 )
 from collector.ingest import decompress_body, prepare_batch, refuse_payment_data
+from collector.ingest.bots import request_evidence
 from collector.ingest.model import AcceptedEvent, IngestContext, MeterKind, PreparedBatch
 from collector.limits.buckets import rate_headers, refusal
 from collector.limits.rates import bucket_id, scope_rate
@@ -212,6 +213,10 @@ async def _ingest(
         request_headers=tuple(hdr.items()),
         sealer=services.sealer,
         identity_denial=identity_denial,
+        bots=services.bots,
+        bot_evidence=request_evidence(
+            hdr, services.proxies.client_address(request.client_ip, hdr.get("x-forwarded-for")), services.bots
+        ),
     )
     prepared = prepare_batch(body, context)
     policy = policy_for(record)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 if TYPE_CHECKING:
+    from collector.ingest.bots import BotClassifier, RequestEvidence
     from collector.ingest.consent import ConsentState
     from collector.ingest.sealing import FieldSealer
 
@@ -41,6 +42,8 @@ class IngestContext(msgspec.Struct, frozen=True, kw_only=True):
     sealer: FieldSealer | None = None  # seals form values and raw identity fields
     # visitorId -> True when the visitor's recorded consent denies identity resolution
     identity_denial: Callable[[str], bool] | None = None
+    bots: BotClassifier | None = None  # None: every event is classified human
+    bot_evidence: RequestEvidence | None = None  # computed once per request
 
 
 class AcceptedEvent(msgspec.Struct, frozen=True):

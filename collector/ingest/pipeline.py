@@ -30,6 +30,7 @@ from collector.ingest.privacy import apply_form_floor
 from collector.ingest.schema import (
     AnyEvent,
     Batch,
+    BotInfo,
     ConsentTransition,
     Enrichment,
     Form,
@@ -81,12 +82,38 @@ def _split(body: bytes, decoded: object) -> tuple[list[bytes], bool]:
     return [bytes(raw) for raw in _batch_decoder.decode(body).events], False
 
 
-def _meter(event: AnyEvent) -> MeterKind:
+HUMAN = BotInfo(False, "human")
+
+
+def _meter(event: AnyEvent, bot: BotInfo) -> MeterKind:
+    """Spec 6.2: human pageviews draw on the pageview cap, bot pageviews on coverage."""
     if isinstance(event, Pageview):
-        return MeterKind.PAGEVIEW
+        return MeterKind.COVERAGE if bot.isBot else MeterKind.PAGEVIEW
     if isinstance(event, ConsentTransition):
         return MeterKind.NONE
     return MeterKind.COVERAGE
+
+
+def _classify(event: AnyEvent, ctx: IngestContext) -> BotInfo:
+    if ctx.bots is None:
+        return HUMAN
+    device = event.device
+    if device is None:  # a _consent_transition may carry no device
+        verdict = ctx.bots.classify(user_agent=None, native=False, request=ctx.bot_evidence)
+    else:
+        automation = device.automation
+        verdict = ctx.bots.classify(
+            user_agent=device.userAgent,
+            native=device.clientPlatform not in (None, "web"),
+            automation_score=automation.score if automation else None,
+            automation_webdriver=automation.webdriver if automation else None,
+            automation_signals=automation.signals if automation else None,
+            device_platform=device.platform,
+            request=ctx.bot_evidence,
+        )
+    if not verdict.is_bot:
+        return HUMAN
+    return BotInfo(True, verdict.category, verdict.signals)
 
 
 def _event_id(event: AnyEvent, index: int, header_key: str | None, production: bool) -> str | None:
@@ -165,8 +192,9 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
             to_store = msgspec.structs.replace(to_store, timestamp=ctx.now_ms)
         if to_store is not event:
             client_json = _encoder.encode(to_store)
+        bot = _classify(event, ctx)
         enrichment = _encoder.encode(
-            Enrichment(eid, ctx.client_id, ctx.site_id, ctx.now_ms, client_ts, withheld)
+            Enrichment(eid, ctx.client_id, ctx.site_id, ctx.now_ms, client_ts, withheld, bot)
         )
         # Splice the server fields into the client object: {...client..., ...server...}
         stored = client_json[:-1] + b"," + enrichment[1:]
@@ -182,7 +210,9 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
                 event.__struct_config__.tag,  # type: ignore[arg-type]
                 content_hash,
                 stored,
-                _meter(event),
+                _meter(event, bot),
+                is_bot=bot.isBot,
+                bot_category=bot.category,
                 consent_state=state_of(event, eid) if isinstance(event, ConsentTransition) else None,
             )
         )

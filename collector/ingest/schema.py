@@ -161,6 +161,14 @@ class Batch(msgspec.Struct, frozen=True):
     events: list[msgspec.Raw]
 
 
+class BotInfo(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The stored verdict: `bot.isBot`, `bot.category` and the evidence labels that fired."""
+
+    isBot: bool
+    category: str
+    signals: tuple[str, ...] = ()
+
+
 class Enrichment(msgspec.Struct, frozen=True, omit_defaults=True):
     """Server fields appended to every stored event."""
 
@@ -170,3 +178,4 @@ class Enrichment(msgspec.Struct, frozen=True, omit_defaults=True):
     receivedAt: int
     clientTimestamp: Number | None = None
     privacyWithheld: dict[str, str] | None = None  # form field -> privacy class (privacy floor)
+    bot: BotInfo | None = None

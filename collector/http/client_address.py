@@ -1,0 +1,42 @@
+"""The visitor's address behind trusted proxies (for the datacenter bot rule and logs).
+
+Behind a load balancer every connection comes from the balancer, so the
+peer address says nothing about the visitor. When the peer is in
+`trusted_proxies`, the address is the right-most entry of X-Forwarded-For that
+is not itself a trusted proxy (entries further left can be forged by the
+client). Without trusted proxies, or from any other peer, X-Forwarded-For is
+ignored and the peer address is the visitor's.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class TrustedProxies:
+    def __init__(self, cidrs: Iterable[str]) -> None:
+        self._networks: tuple[Network, ...] = tuple(
+            ipaddress.ip_network(cidr, strict=False) for cidr in cidrs
+        )
+
+    def __bool__(self) -> bool:
+        return bool(self._networks)
+
+    def trusted(self, address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address.strip())
+        except ValueError:
+            return False
+        return any(ip in network for network in self._networks)
+
+    def client_address(self, peer: str | None, forwarded_for: str | None) -> str | None:
+        if not self._networks or peer is None or not forwarded_for or not self.trusted(peer):
+            return peer
+        for hop in reversed(forwarded_for.split(",")):
+            hop = hop.strip()
+            if hop and not self.trusted(hop):
+                return hop
+        return peer

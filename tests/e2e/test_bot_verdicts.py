@@ -1,0 +1,131 @@
+"""Bot verdicts on stored events and the meter they decide, through the real server (issue 6).
+
+Every stored event carries `bot.isBot` and `bot.category`; bot pageviews
+draw on Signals Coverage, not on the human pageview allowance (spec 6.2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from collector.settings import SettingsError, load_settings
+from tests.conftest import RunningServer, pageview, start_server
+from tests.helpers import outbox_dump
+
+WEB = "cs_live_botweb000000"
+MOBILE = "cs_mob_live_botapp0000"
+TENANTS = {
+    "keys": [
+        {"key": WEB, "clientId": "acme", "plan": "paid", "rateLimit": 1000,
+         "sites": [{"siteId": "web", "domains": ["acme.com"]}]},
+        {"key": MOBILE, "clientId": "acme", "plan": "paid", "rateLimit": 1000, "keyType": "mobile",
+         "sites": [{"siteId": "app"}]},
+    ]
+}
+CHROME = ("Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko)"
+          " Chrome/131.0.0.0 Safari/537.36")
+FIREFOX = "Mozilla/5.0 (X11; Linux x86_64; rv:133.0) Gecko/20100101 Firefox/133.0"
+GPTBOT = ("Mozilla/5.0 AppleWebKit/537.36 (KHTML, like Gecko); compatible; GPTBot/1.2;"
+          " +https://openai.com/gptbot")
+PERPLEXITY_USER = ("Mozilla/5.0 AppleWebKit/537.36 (KHTML, like Gecko; compatible; Perplexity-User/1.0;"
+                   " +https://perplexity.ai/perplexity-user)")
+WEB_HEADERS = {"X-API-Key": WEB, "Origin": "https://acme.com"}
+
+
+def device(user_agent: str, **extra: object) -> dict[str, object]:
+    return {"userAgent": user_agent, "viewport": {"width": 1280, "height": 800}, **extra}
+
+
+async def started(nursery: trio.Nursery, tmp_path: Path) -> RunningServer:
+    cidrs = tmp_path / "datacenters.txt"
+    cidrs.write_text("# a hosting provider\n203.0.113.0/24\n2001:db8:dc::/48  # v6 range\n")
+    return await start_server(nursery, tmp_path, TENANTS, datacenter_cidrs_file=str(cidrs),
+                              trusted_proxies=["127.0.0.1/32"])
+
+
+async def verdicts(server: RunningServer) -> dict[str, tuple[bool, str]]:
+    rows = await outbox_dump(server.data_dir)
+    return {str(r["eid"]): (r["event"]["bot"]["isBot"], r["event"]["bot"]["category"])  # type: ignore[index]
+            for r in rows}
+
+
+async def test_verdicts_and_the_meter_they_decide(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await started(nursery, tmp_path)
+    batch = {"events": [
+        pageview("human", device=device(CHROME)),
+        pageview("firefox", device=device(FIREFOX, platform="Linux x86_64")),
+        pageview("gptbot", device=device(GPTBOT)),
+        pageview("answer", device=device(PERPLEXITY_USER)),
+        pageview("curl", device=device("curl/8.5.0")),
+        pageview("headless", device=device(CHROME.replace("Chrome/", "HeadlessChrome/"))),
+        pageview("webdriver", device=device(CHROME, automation={"webdriver": True})),
+        pageview("stealth", device=device(CHROME, platform="iPhone")),
+    ]}
+    response = await server.client.post("/v1/events", json=batch, headers=WEB_HEADERS)
+    assert response.status_code == 202, response.text
+    # Two human pageviews draw on the pageview allowance; six bot pageviews on coverage.
+    assert response.headers["X-Service-Monthly-Used"] == "2"
+    assert response.headers["X-Service-Signals-Coverage-Used"] == "6"
+    assert await verdicts(server) == {
+        "human": (False, "human"), "firefox": (False, "human"), "gptbot": (True, "ai_crawler"),
+        "answer": (True, "answer_engine"), "curl": (True, "tool"), "headless": (True, "automation"),
+        "webdriver": (True, "automation"), "stealth": (True, "automation"),
+    }
+
+
+async def test_request_headers_and_addresses(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await started(nursery, tmp_path)
+
+    async def post(eid: str, user_agent: str, **headers: str) -> None:
+        event = pageview(eid, device=device(user_agent))
+        response = await server.client.post("/v1/events", json=event, headers={**WEB_HEADERS, **headers})
+        assert response.status_code == 202, response.text
+
+    # Chrome over plain http sends no client hints; a beacon sends few headers: neither misfires.
+    await post("chrome-http", CHROME, **{"User-Agent": CHROME})
+    await post("beacon", FIREFOX)
+    await post("chrome-hints", CHROME, **{"User-Agent": CHROME, "Sec-CH-UA": '"Chromium";v="131"',
+                                          "Sec-CH-UA-Mobile": "?0", "Sec-CH-UA-Platform": '"Windows"'})
+    # Contradictions: Chromium client hints with a Firefox UA; a Firefox header with a Chrome event.
+    await post("hints-vs-firefox", FIREFOX, **{"Sec-CH-UA": '"Chromium";v="131", "Google Chrome";v="131"'})
+    await post("header-family", CHROME, **{"User-Agent": FIREFOX})
+    # Behind the trusted proxy (127.0.0.1) the visitor's address comes from X-Forwarded-For.
+    await post("datacenter", CHROME, **{"X-Forwarded-For": "198.51.100.9, 203.0.113.40"})
+    await post("residential", CHROME, **{"X-Forwarded-For": "198.51.100.9"})
+    # A forged left-most hop cannot hide the real last hop.
+    await post("forged", CHROME, **{"X-Forwarded-For": "203.0.113.1, 198.51.100.10"})
+    assert await verdicts(server) == {
+        "chrome-http": (False, "human"), "beacon": (False, "human"), "chrome-hints": (False, "human"),
+        "hints-vs-firefox": (True, "automation"), "header-family": (True, "automation"),
+        "datacenter": (True, "datacenter"), "residential": (False, "human"), "forged": (False, "human"),
+    }
+
+
+async def test_native_clients_are_exempt_except_from_automation(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await started(nursery, tmp_path)
+    headers = {"X-API-Key": MOBILE, "X-Forwarded-For": "203.0.113.7"}
+    app_page = {"path": "HomeScreen", "title": "Home"}
+    events = {"events": [
+        pageview("okhttp", page=app_page, device={"userAgent": "okhttp/4.12.0"}),
+        pageview("driven", page=app_page, device={"automation": {"webdriver": True}}),
+        pageview("scored", page=app_page, device={"automation": {"score": 95}}),
+    ]}
+    response = await server.client.post("/v1/events", json=events, headers=headers)
+    assert response.status_code == 202, response.text
+    assert await verdicts(server) == {
+        "okhttp": (False, "human"), "driven": (True, "automation"), "scored": (True, "automation"),
+    }
+
+
+def test_a_bad_datacenter_file_stops_start_up(tmp_path: Path) -> None:
+    from collector.app import bot_classifier, trusted_proxies
+
+    bad = tmp_path / "bad.txt"
+    bad.write_text("203.0.113.0/24\nnot-a-network\n")
+    with pytest.raises(SettingsError, match="bad.txt:2"):
+        bot_classifier(load_settings({"datacenter_cidrs_file": str(bad)}, environ={}))
+    with pytest.raises(SettingsError, match="trusted_proxies"):
+        trusted_proxies(load_settings({"trusted_proxies": ["10.0.0.0/33"]}, environ={}))
