@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from collector.errors import ServiceError
+from collector.http.edge_body import decode_translated
 
 
 class ConsentBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -40,12 +40,7 @@ _encoder = msgspec.json.Encoder()
 
 def consent_to_event(body: bytes, *, now_ms: int) -> bytes:
     """The `_consent_transition` event body; raises ServiceError on a bad body."""
-    try:
-        request = _decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise ServiceError("validation_error", f"invalid consent body: {exc}") from None
-    except msgspec.DecodeError:
-        raise ServiceError("invalid_json", "body is not valid JSON") from None
+    request = decode_translated(_decoder, body, "consent body")
     timestamp = request.timestamp if request.timestamp is not None else now_ms
     consent = dict(request.consent)
     consent.setdefault("timestamp", timestamp)

@@ -16,7 +16,7 @@ POST /v1/events (validation, idempotency, payment scan, metering).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import msgspec
@@ -40,14 +40,22 @@ _decoder = msgspec.json.Decoder(EdgePageview)
 _encoder = msgspec.json.Encoder()
 
 
-def edge_to_event(body: bytes, *, user_agent: str | None, now_ms: int) -> bytes:
-    """The pageview event body for an edge request; raises ServiceError on a bad body."""
+T = TypeVar("T")
+
+
+def decode_translated(decoder: msgspec.json.Decoder[T], body: bytes, what: str) -> T:
+    """Decode the body of a route that translates into an event; ServiceError when it is bad."""
     try:
-        edge = _decoder.decode(body)
+        return decoder.decode(body)
     except msgspec.ValidationError as exc:
-        raise ServiceError("validation_error", f"invalid edge pageview: {exc}") from None
+        raise ServiceError("validation_error", f"invalid {what}: {exc}") from None
     except msgspec.DecodeError:
         raise ServiceError("invalid_json", "body is not valid JSON") from None
+
+
+def edge_to_event(body: bytes, *, user_agent: str | None, now_ms: int) -> bytes:
+    """The pageview event body for an edge request; raises ServiceError on a bad body."""
+    edge = decode_translated(_decoder, body, "edge pageview")
     page: dict[str, Any] = {"url": edge.url, "path": urlsplit(edge.url).path or "/", "title": edge.title}
     if edge.referrer:
         page["referrer"] = edge.referrer
