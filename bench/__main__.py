@@ -101,9 +101,9 @@ def main() -> None:
         print(f"running soak ({args.soak_duration:.0f} s at 70% of {batch.requests_per_s:.0f} req/s) ...",
               flush=True)
         soak_result, soak = run_soak(wrk, max_rps=batch.requests_per_s, seconds=args.soak_duration,
-                                     workers=args.workers)
+                                     workers=args.workers, connections=args.connections)
         results.append(soak_result)
-        report["soak"] = {**soak.__dict__, "ok": soak.ok}
+        report["soak"] = {**soak.__dict__, "ok": soak.ok, "heap_ok": soak.heap_ok}
     report["results"] = [r.as_dict() for r in results]
     print(table(results))
     if "soak" in report:
@@ -111,7 +111,9 @@ def main() -> None:
         assert isinstance(soak_dict, dict)
         print(f"soak: target {soak_dict['target_rps']} req/s, achieved {soak_dict['achieved_rps']} req/s;"
               f" RSS {soak_dict['rss_start_mb']} -> {soak_dict['rss_end_mb']} MB"
-              f" ({soak_dict['rss_growth_pct']:+.2f}% after {soak_dict['warmup_s']} s warm-up, target < 10%);"
+              f" ({soak_dict['rss_growth_pct']:+.2f}% after {soak_dict['warmup_s']} s warm-up, target < 10%;"
+              f" anonymous/heap part {soak_dict['rss_anon_start_mb']} -> {soak_dict['rss_anon_end_mb']} MB,"
+              f" {soak_dict['rss_anon_growth_pct']:+.2f}%);"
               f" fds {soak_dict['fds_start']} -> {soak_dict['fds_end']} ({soak_dict['fd_growth']:+d}, target 0)")
     RESULTS.mkdir(exist_ok=True)
     if args.sweep:

@@ -79,6 +79,13 @@ class Collector:
     def rss_bytes(self) -> int:
         return sum(_status_kb(pid, "VmRSS") for pid in self.pids()) * 1024
 
+    def rss_parts(self) -> tuple[int, int]:
+        """(anonymous, file-backed) resident bytes: heap versus LMDB's mapped data pages."""
+        pids = self.pids()
+        anon = sum(_status_kb(pid, "RssAnon") for pid in pids)
+        mapped = sum(_status_kb(pid, "RssFile") + _status_kb(pid, "RssShmem") for pid in pids)
+        return anon * 1024, mapped * 1024
+
     def peak_rss_bytes(self) -> int:
         return sum(_status_kb(pid, "VmHWM") for pid in self.pids()) * 1024
 
