@@ -47,11 +47,13 @@ def _status_kb(pid: int, field: str) -> int:
 class Collector:
     """`collector serve` (with `--workers N`: the parent and its workers, measured as one tree)."""
 
-    def __init__(self, workdir: Path, tenants: Path, *, access_log: bool = True, workers: int = 1) -> None:
+    def __init__(self, workdir: Path, tenants: Path, *, access_log: bool = True, workers: int = 1,
+                 env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.workers = workers
-        env = dict(os.environ, COLLECTOR_BENCH_ROUTES="1", COLLECTOR_ACCESS_LOG=str(access_log).lower())
+        env = dict(os.environ, COLLECTOR_BENCH_ROUTES="1", COLLECTOR_ACCESS_LOG=str(access_log).lower(),
+                   **(env or {}))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "collector", "serve", "--bind", f"127.0.0.1:{self.port}",
              "--data-dir", str(workdir / "data"), "--tenants", str(tenants), "--workers", str(workers)],
