@@ -39,12 +39,14 @@ def write_chart(sweep: Iterable[Mapping[str, object]], path: Path, *, title: str
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    sweep = list(sweep)
+    mixed = len({int(row.get("workers", 1) or 1) for row in sweep}) > 1  # type: ignore[call-overload]
     series: dict[str, list[tuple[int, float, float, float]]] = {}
     for row in sweep:
         label = str(row["scenario"])
         workers = int(row.get("workers", 1) or 1)  # type: ignore[call-overload]
-        if workers > 1:
-            label += f" ({workers} workers)"
+        if workers > 1 or mixed:
+            label += f" ({workers} worker{'s' if workers > 1 else ''})"
         series.setdefault(label, []).append((
             int(row["connections"]),  # type: ignore[call-overload]
             float(row["requests_per_s"]),  # type: ignore[arg-type]
@@ -78,3 +80,27 @@ def write_chart(sweep: Iterable[Mapping[str, object]], path: Path, *, title: str
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m bench.chart A.json B.json -o both.png`: one chart of several runs' sweeps
+    (e.g. `--workers 1` and `--workers 2`; lines are labelled by scenario and workers)."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m bench.chart", description=main.__doc__)
+    parser.add_argument("results", nargs="+", type=Path, help="bench/results/<timestamp>.json files")
+    parser.add_argument("-o", "--output", type=Path, required=True)
+    parser.add_argument("--title", default="")
+    args = parser.parse_args(argv)
+    rows: list[Mapping[str, object]] = []
+    for path in args.results:
+        report = json.loads(path.read_text())
+        if not report.get("sweep"):
+            parser.error(f"{path} has no sweep (run the bench with --sweep)")
+        rows += report["sweep"]
+    print(write_chart(rows, args.output, title=args.title))
+
+
+if __name__ == "__main__":
+    main()
