@@ -39,6 +39,7 @@ class Result:
     socket_errors: int
     events_per_request: int
     note: str = ""
+    workers: int = 1
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -62,15 +63,30 @@ def write_tenants(workdir: Path, extra_keys: int = 0) -> tuple[Path, Path | None
     return path, key_file
 
 
-def run_wrk(wrk: str, url: str, body: Path, seconds: float, connections: int, *,
-            key: str = BENCH_KEY, mode: str = "fresh", key_file: Path | None = None) -> dict[str, float]:
-    argv = [wrk, "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "10s",
-            "-s", str(LUA), url, "--", str(body), key, ORIGIN, str(key_file or ""), mode]
-    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+def wrk_argv(wrk: str, url: str, body: Path, seconds: float, connections: int, *,
+             key: str = BENCH_KEY, mode: str = "fresh", key_file: Path | None = None,
+             delay_ms: int | None = None) -> list[str]:
+    script = LUA
+    if delay_ms is not None:
+        # wrk's delay(): each connection waits this long before its next request. wrk
+        # looks for the function before init() runs, so it is written into a copy.
+        script = body.parent / "paced.lua"
+        script.write_text(LUA.read_text() + f"\nfunction delay() return {int(delay_ms)} end\n")
+    return [wrk, "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "10s",
+            "-s", str(script), url, "--", str(body), key, ORIGIN, str(key_file or ""), mode]
+
+
+def parse_wrk(out: str) -> dict[str, float]:
     match = re.search(r"BENCH_JSON (\{.*\})", out)
     if not match:
         raise RuntimeError(f"wrk printed no summary:\n{out}")
     return json.loads(match.group(1))
+
+
+def run_wrk(wrk: str, url: str, body: Path, seconds: float, connections: int, *,
+            key: str = BENCH_KEY, mode: str = "fresh", key_file: Path | None = None) -> dict[str, float]:
+    argv = wrk_argv(wrk, url, body, seconds, connections, key=key, mode=mode, key_file=key_file)
+    return parse_wrk(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
 
 
 def gzip_pool(workdir: Path, count: int) -> Path:
@@ -84,9 +100,11 @@ def gzip_pool(workdir: Path, count: int) -> Path:
 
 
 SCENARIOS = ("baseline", "single", "batch25", "batch25-gzip", "replay", "mixed-tenants", "over-limit")
+# `soak` runs after these (bench/soak.py): it needs batch25's maximum rate
 
 
-def run_scenario(name: str, wrk: str, *, seconds: float, warmup: float, connections: int) -> Result:
+def run_scenario(name: str, wrk: str, *, seconds: float, warmup: float, connections: int,
+                 workers: int = 1) -> Result:
     with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
         workdir = Path(tmp)
         tenants, key_file = write_tenants(workdir, 10_000 if name == "mixed-tenants" else 0)
@@ -105,7 +123,7 @@ def run_scenario(name: str, wrk: str, *, seconds: float, warmup: float, connecti
         elif name == "over-limit":
             key = SLOW_KEY
             note = "rateLimit 1: all but the first 120 requests are 429"
-        server = Collector(workdir, tenants)
+        server = Collector(workdir, tenants, workers=workers)
         try:
             url = server.url + path
             if name == "replay":  # store the batch once, so every measured request is a duplicate
@@ -141,6 +159,7 @@ def run_scenario(name: str, wrk: str, *, seconds: float, warmup: float, connecti
                 socket_errors=int(stats["socket_errors"]),
                 events_per_request=size,
                 note=note,
+                workers=workers,
             )
         finally:
             server.stop()

@@ -21,14 +21,42 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _tree(pid: int) -> list[int]:
+    """pid and its descendants (children of every thread: trio may fork from a worker thread)."""
+    pids, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        pids.append(current)
+        try:
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo.extend(int(child) for child in (task / "children").read_text().split())
+        except OSError:
+            continue
+    return pids
+
+
+def _status_kb(pid: int, field: str) -> int:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    match = re.search(rf"{field}:\s+(\d+) kB", status)
+    return int(match.group(1)) if match else 0
+
+
 class Collector:
-    def __init__(self, workdir: Path, tenants: Path, *, access_log: bool = True) -> None:
+    """`collector serve` (with `--workers N`: the parent and its workers, measured as one tree)."""
+
+    def __init__(self, workdir: Path, tenants: Path, *, access_log: bool = True, workers: int = 1,
+                 env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, COLLECTOR_BENCH_ROUTES="1", COLLECTOR_ACCESS_LOG=str(access_log).lower())
+        self.workers = workers
+        env = dict(os.environ, COLLECTOR_BENCH_ROUTES="1", COLLECTOR_ACCESS_LOG=str(access_log).lower(),
+                   **(env or {}))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "collector", "serve", "--bind", f"127.0.0.1:{self.port}",
-             "--data-dir", str(workdir / "data"), "--tenants", str(tenants)],
+             "--data-dir", str(workdir / "data"), "--tenants", str(tenants), "--workers", str(workers)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True,
         )
         assert self.proc.stdout is not None
@@ -36,31 +64,62 @@ class Collector:
         if "listening on" not in line:
             raise RuntimeError(f"collector did not start: {line!r}")
 
+    def pids(self) -> list[int]:
+        return _tree(self.proc.pid)
+
     def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        """CPU of the parent and every worker (a restarted worker's earlier CPU is not counted)."""
+        total = 0
+        for pid in self.pids():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += int(fields[11]) + int(fields[12])
+        return total / CLOCK_TICKS
 
     def rss_bytes(self) -> int:
-        status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        match = re.search(r"VmRSS:\s+(\d+) kB", status)
-        return int(match.group(1)) * 1024 if match else 0
+        return sum(_status_kb(pid, "VmRSS") for pid in self.pids()) * 1024
+
+    def rss_parts(self) -> tuple[int, int]:
+        """(anonymous, file-backed) resident bytes: heap versus LMDB's mapped data pages."""
+        pids = self.pids()
+        anon = sum(_status_kb(pid, "RssAnon") for pid in pids)
+        mapped = sum(_status_kb(pid, "RssFile") + _status_kb(pid, "RssShmem") for pid in pids)
+        return anon * 1024, mapped * 1024
 
     def peak_rss_bytes(self) -> int:
-        status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        match = re.search(r"VmHWM:\s+(\d+) kB", status)
-        return int(match.group(1)) * 1024 if match else 0
+        return sum(_status_kb(pid, "VmHWM") for pid in self.pids()) * 1024
 
     def open_fds(self) -> int:
-        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+        total = 0
+        for pid in self.pids():
+            try:
+                total += len(os.listdir(f"/proc/{pid}/fd"))
+            except OSError:
+                continue
+        return total
 
     def writer_counts(self) -> tuple[float, float]:
-        """(requests committed, transactions) from /metrics."""
-        text = httpx.get(self.url + "/metrics", timeout=10).text
-        values = {}
-        for name in ("collector_writer_requests_committed", "collector_writer_transactions"):
-            match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M)
-            values[name] = float(match.group(1)) if match else 0.0
-        return values["collector_writer_requests_committed"], values["collector_writer_transactions"]
+        """(requests committed, transactions) from /metrics, summed over the workers.
+
+        /metrics is per worker process: scrape on fresh connections until each
+        worker answered once (gives up after 50 tries; then the sum is partial).
+        """
+        seen: dict[int, tuple[float, float]] = {}
+        for _ in range(50 if self.workers > 1 else 1):
+            text = httpx.get(self.url + "/metrics", timeout=10, headers={"Connection": "close"}).text
+            values = {}
+            for name in ("collector_writer_requests_committed", "collector_writer_transactions",
+                         "collector_worker_index"):  # fmt: skip
+                match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M)
+                values[name] = float(match.group(1)) if match else 0.0
+            seen[int(values["collector_worker_index"])] = (
+                values["collector_writer_requests_committed"], values["collector_writer_transactions"]
+            )
+            if len(seen) >= self.workers:
+                break
+        return sum(v[0] for v in seen.values()), sum(v[1] for v in seen.values())
 
     def stop(self) -> None:
         self.proc.terminate()

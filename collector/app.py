@@ -74,7 +74,11 @@ def trusted_proxies(settings: Settings) -> TrustedProxies:
 
 
 def build_services(
-    settings: Settings, storage: Storage, clock: Callable[[], float] = wall_clock
+    settings: Settings,
+    storage: Storage,
+    clock: Callable[[], float] = wall_clock,
+    *,
+    worker_index: int = 0,
 ) -> Services:
     metrics = Metrics()
     writer = GroupCommitWriter(
@@ -93,15 +97,21 @@ def build_services(
         storage=storage,
         writer=writer,
         keys=keys,
-        limiter=RateLimiter(),
+        # one request-rate partition per worker process (see collector/limits/buckets.py)
+        limiter=RateLimiter(partitions=settings.workers),
         metrics=metrics,
         clock=clock,
+        worker_index=worker_index,
+        workers=settings.workers,
     )
     metrics.add_gauges(lambda: _component_gauges(services))
     return services
 
 
 def _component_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
+    # per process: with `serve --workers N` a scrape is answered by one worker
+    yield gauge("collector_worker_index", "Index of the worker process that answered (0-based)", services.worker_index)
+    yield gauge("collector_workers", "Worker processes serving (serve --workers)", services.workers)
     stats = services.writer.statistics()
     yield gauge("collector_writer_queue_depth", "Jobs waiting for the writer", stats.queued)
     yield gauge("collector_writer_transactions", "Group-commit transactions committed", stats.transactions)
@@ -110,6 +120,8 @@ def _component_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
     yield gauge("collector_writer_requests_failed", "Requests whose commit failed", stats.jobs_failed)
     yield gauge("collector_writer_busy_refusals", "Requests refused because the writer queue was full", stats.busy_refusals)
     yield gauge("collector_writer_healthy", "1 while the last commit succeeded", 1 if services.writer.healthy else 0)
+    yield gauge("collector_lmdb_map_growths", "Times this process doubled the LMDB map", stats.map_growths)
+    yield gauge("collector_lmdb_map_adoptions", "Times this process adopted a map another worker grew", stats.map_adoptions)
     map_size, used = services.storage.usage()
     yield gauge("collector_lmdb_map_size_bytes", "LMDB map size", map_size)
     yield gauge("collector_lmdb_used_bytes", "LMDB pages in use", used)
@@ -175,9 +187,15 @@ async def serve(
     settings: Settings,
     *,
     clock: Callable[[], float] = wall_clock,
+    worker_index: int = 0,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until cancelled or signalled; reports the bound URLs through task_status."""
+    """Serve until cancelled or signalled; reports the bound URLs through task_status.
+
+    With `serve --workers N` (collector/workers.py) this runs in each worker
+    process; only worker 0 runs the retention sweep (and, when they exist,
+    outbox consumers): singletons over the shared environment.
+    """
     storage = open_storage(settings)
     try:
         if settings.demo_tenant:
@@ -185,19 +203,22 @@ async def serve(
         if settings.tenants:
             # start-up, before anything serves: a blocking read is fine here
             import_tenants(storage, Path(settings.tenants).read_bytes())  # noqa: ASYNC240
-        services = build_services(settings, storage, clock)
+        services = build_services(settings, storage, clock, worker_index=worker_index)
         app = build_asgi(services)
         async with trio.open_nursery() as outer:
             await outer.start(services.writer.run)
-            sweep = RetentionSweep(
-                outbox_retention_ms=int(settings.outbox_retention_hours * 3_600_000),
-                idempotency_window_ms=int(settings.idempotency_window_hours * 3_600_000),
-                consumers=(),  # no outbox consumers exist yet; each registers here
-                replay_retention_ms=int(settings.replay_retention_hours * 3_600_000),
-            )
-            await outer.start(
-                partial(run_retention, interval_s=settings.retention_interval_s), services.writer, sweep
-            )
+            if worker_index == 0:  # singletons: one per environment, not one per worker
+                sweep = RetentionSweep(
+                    outbox_retention_ms=int(settings.outbox_retention_hours * 3_600_000),
+                    idempotency_window_ms=int(settings.idempotency_window_hours * 3_600_000),
+                    consumers=(),  # no outbox consumers exist yet; each registers here
+                    replay_retention_ms=int(settings.replay_retention_hours * 3_600_000),
+                )
+                await outer.start(
+                    partial(run_retention, interval_s=settings.retention_interval_s),
+                    services.writer,
+                    sweep,
+                )
             shutdown = trio.Event()
             config = hypercorn_config(settings)
             async with trio.open_nursery() as server_nursery:

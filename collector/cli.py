@@ -31,7 +31,7 @@ def _data_dir_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _settings_from(args: argparse.Namespace) -> Settings:
-    flags = {name: getattr(args, name, None) for name in ("data_dir", "bind", "env", "tenants")}
+    flags = {name: getattr(args, name, None) for name in ("data_dir", "bind", "env", "tenants", "workers")}
     flags["trusted_origin"] = getattr(args, "trusted_origin", None) or []
     if getattr(args, "demo", False):
         flags["demo_tenant"] = True
@@ -60,6 +60,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = _settings_from(args)
     configure_logging()
+    if settings.workers > 1:
+        from collector.workers import run_supervisor
+
+        return run_supervisor(settings)
     trio.run(serve, settings)
     return 0
 
@@ -243,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", default=None, help="a TOML file with the same settings")
     serve.add_argument("--demo", action="store_true", help="import the built-in demo tenant")
     serve.add_argument("--no-access-log", action="store_true", help="no per-request log line")
+    serve.add_argument("--workers", type=int, default=None, help="worker processes on one socket (default 1)")
     serve.set_defaults(func=cmd_serve)
 
     tenants = commands.add_parser("tenants", help="tenant keys").add_subparsers(dest="sub", required=True)

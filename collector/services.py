@@ -34,6 +34,9 @@ class Services:
     proxies: TrustedProxies  # whose X-Forwarded-For names the visitor
     # Wall-clock seconds; tests pass a clock they can move (period rollover).
     clock: Callable[[], float] = field(default=wall_clock)
+    # `serve --workers N`: which worker process this is (0 runs retention) and how many there are
+    worker_index: int = 0
+    workers: int = 1
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)

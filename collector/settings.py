@@ -55,6 +55,8 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     keep_alive_max_requests: Annotated[int, msgspec.Meta(ge=1)] = 100_000
     backlog: Annotated[int, msgspec.Meta(ge=1)] = 1024
     access_log: bool = True
+    # processes: `serve --workers N` runs N worker processes on one socket and one environment
+    workers: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
     # development conveniences
     demo_tenant: bool = False  # import the built-in demo tenant at start-up
     bench_routes: bool = False  # POST /_bench/noop answers a fixed 202 (the bench's baseline)

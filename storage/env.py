@@ -129,19 +129,38 @@ class Storage:
         try:
             return self.env.begin(buffers=False)
         except lmdb.MapResizedError:
-            self.env.set_mapsize(0)
+            self.adopt_map_size()
             return self.env.begin(buffers=False)
 
     # -- map growth ---------------------------------------------------------
+
+    def adopt_map_size(self) -> None:
+        """Adopt the map size another process grew the environment to.
+
+        Several processes (`serve --workers N`) share one environment. When one
+        grows the map, the others' next transaction that reaches past their own
+        mapping fails with MapResizedError; `set_mapsize(0)` re-reads the size
+        from the environment. Same rule as `grow`: no transaction of this
+        process may be open.
+        """
+        with self._resize_lock, mapped_lmdb_errors():
+            self.env.set_mapsize(0)
 
     def grow(self) -> bool:
         """Double the map; False when it cannot grow any more.
 
         Must be called with no transaction of this process open (the writer
-        calls it between transactions, on the thread that runs reads).
+        calls it between transactions, on the thread that runs reads). Another
+        process may have grown the map already: adopt its size first, and
+        only double when that did not make room.
         """
         with self._resize_lock:
+            before = self.env.info()["map_size"]
+            with mapped_lmdb_errors():
+                self.env.set_mapsize(0)
             current = self.env.info()["map_size"]
+            if current > before:
+                return True
             if current >= self.max_map_size:
                 return False
             with mapped_lmdb_errors():

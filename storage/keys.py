@@ -38,3 +38,5 @@ def _write_with_growth(storage: Storage, rows: list[tuple[str, bytes]]) -> None:
         except lmdb.MapFullError:
             if not storage.grow():
                 raise
+        except lmdb.MapResizedError:  # another process grew the shared map
+            storage.adopt_map_size()

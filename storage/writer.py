@@ -75,6 +75,7 @@ class WriterStatistics(msgspec.Struct, frozen=True):
     busy_refusals: int
     last_group_size: int
     map_growths: int
+    map_adoptions: int
 
 
 class _Ticket:
@@ -124,6 +125,7 @@ class GroupCommitWriter:
                 "busy_refusals",
                 "last_group_size",
                 "map_growths",
+                "map_adoptions",
             ),
             0,
         )
@@ -192,6 +194,10 @@ class GroupCommitWriter:
             started = time.perf_counter()
             try:
                 outcome = self._try_transaction(pending)
+            except lmdb.MapResizedError:
+                # another process sharing the environment grew the map
+                self._adopt_map_size()
+                continue
             except lmdb.MapFullError:
                 if self._grow():
                     continue
@@ -256,6 +262,17 @@ class GroupCommitWriter:
         except trio.RunFinishedError:
             return self.storage.grow()
 
+    def _adopt_map_size(self) -> None:
+        # like _grow: set_mapsize runs on the trio thread, between its reads
+        self._stats["map_adoptions"] += 1
+        if self._token is None:
+            self.storage.adopt_map_size()
+            return
+        try:
+            trio.from_thread.run_sync(self.storage.adopt_map_size, trio_token=self._token)
+        except trio.RunFinishedError:
+            self.storage.adopt_map_size()
+
     def _fail(self, tickets: list[_Ticket], error: BaseException) -> None:
         self.healthy = False
         for ticket in tickets:
@@ -287,7 +304,11 @@ class GroupCommitWriter:
 def run_job_now(storage: Storage, job: WriteJob, *, now_ms: int | None = None) -> Any:
     """Run one job in its own durable transaction, outside any event loop (CLI tools)."""
     while True:
-        txn = storage.env.begin(write=True)
+        try:
+            txn = storage.env.begin(write=True)
+        except lmdb.MapResizedError:
+            storage.adopt_map_size()
+            continue
         try:
             ctx = WriteContext(
                 txn, storage, _read_next_seq(txn, storage), now_ms or int(time.time() * 1000)
@@ -302,6 +323,9 @@ def run_job_now(storage: Storage, job: WriteJob, *, now_ms: int | None = None) -
             txn.abort()
             if not storage.grow():
                 raise StorageFull("the data directory is full") from None
+        except lmdb.MapResizedError:
+            txn.abort()
+            storage.adopt_map_size()
         except BaseException:
             txn.abort()
             raise

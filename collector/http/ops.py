@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from quart import Response
 from quart_trio import QuartTrio
 
@@ -10,9 +12,14 @@ from storage.errors import StorageError
 
 
 def register_ops_routes(app: QuartTrio, services: Services) -> None:
+    # which worker process answered (`serve --workers N`): index and pid
+    health = (
+        f'{{"status":"ok","worker":{services.worker_index},"pid":{os.getpid()}}}'.encode()
+    )
+
     @app.get("/healthz")
     async def healthz() -> Response:
-        return Response(b'{"status":"ok"}', status=200, content_type="application/json")
+        return Response(health, status=200, content_type="application/json")
 
     @app.get("/readyz")
     async def readyz() -> Response:

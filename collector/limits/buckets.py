@@ -13,6 +13,14 @@ Algorithm, per bucket `clientId:keyType:scope` with rate r requests/s:
 - refused: Remaining values 0, Retry-After the seconds to the next window.
 Buckets idle for two windows are evicted. A check is a dict lookup and a few
 integer operations: a refusal costs almost nothing.
+
+Partitions (`serve --workers N`, the spec's "partitions whose quotas sum to
+the key-wide allowance"): each worker process holds its own buckets with a
+quota of `ceil(limit / N)` per window (burst twice that), so the N quotas sum
+to at least the key-wide `limit` and exceed it by at most N - 1 requests per
+window. Responses still state the key-wide `limit` and `burst_limit`;
+`remaining` and `burst_remaining` are estimates: this partition's remaining
+quota times N, capped at the key-wide values.
 """
 
 from __future__ import annotations
@@ -42,7 +50,10 @@ class RateLimiterStatistics(msgspec.Struct, frozen=True):
 
 
 class RateLimiter:
-    def __init__(self, shards: int = 16, sweep_above: int = 4096) -> None:
+    def __init__(self, shards: int = 16, sweep_above: int = 4096, partitions: int = 1) -> None:
+        if partitions < 1:
+            raise ValueError("partitions must be at least 1")
+        self.partitions = partitions
         # bucket id -> [window, current count, previous count]
         self._shards: list[dict[str, list[int]]] = [{} for _ in range(shards)]
         self._sweep_above = sweep_above
@@ -51,7 +62,9 @@ class RateLimiter:
 
     def check(self, bucket_id: str, rate_per_s: float, now: float) -> RateDecision:
         self._checks += 1
-        limit = max(1, round(60 * rate_per_s))
+        key_limit = max(1, round(60 * rate_per_s))
+        parts = self.partitions
+        limit = -(-key_limit // parts)  # this partition's quota: ceil(limit / N)
         burst = 2 * limit
         window = int(now // 60)
         shard = self._shards[xxhash.xxh3_64_intdigest(bucket_id.encode()) % len(self._shards)]
@@ -70,15 +83,17 @@ class RateLimiter:
             current = state[1] = current + 1
             return RateDecision(
                 True,
-                limit,
-                burst,
-                max(0, limit - current),
-                max(0, burst - max(current, previous + current)),
+                key_limit,
+                2 * key_limit,
+                min(key_limit, parts * max(0, limit - current)),
+                min(2 * key_limit, parts * max(0, burst - max(current, previous + current))),
                 reset,
                 0,
             )
         self._refusals += 1
-        return RateDecision(False, limit, burst, 0, 0, reset, max(1, math.ceil(reset - now)))
+        return RateDecision(
+            False, key_limit, 2 * key_limit, 0, 0, reset, max(1, math.ceil(reset - now))
+        )
 
     @staticmethod
     def _evict(shard: dict[str, list[int]], window: int) -> None:

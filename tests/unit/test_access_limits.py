@@ -200,6 +200,26 @@ def test_buckets_are_separate_and_idle_ones_evicted() -> None:
     assert limiter.statistics().buckets == 1
 
 
+def test_partitions_split_the_limit_rounding_up() -> None:
+    """`serve --workers 3`: each worker holds ceil(60 / 3) = 20 per minute, burst 40."""
+    workers = [RateLimiter(partitions=3) for _ in range(3)]
+    first = workers[0].check("p", 1, 600.0)
+    # headers state the key-wide policy; remaining is this partition's remainder times N
+    assert (first.limit, first.burst_limit) == (60, 120)
+    assert (first.remaining, first.burst_remaining) == (57, 117)
+    taken = 1 + sum(workers[0].check("p", 1, 600.0).allowed for _ in range(100))
+    assert taken == 40  # the partition's burst: 2 x 20
+    # uneven split: 61 per minute in 2 partitions is 31 each, sum 62 >= 61
+    assert sum(RateLimiter(partitions=2).check("q", 61 / 60, 0.0).allowed for _ in range(31)) == 31
+    odd = RateLimiter(partitions=2)
+    for _ in range(31):
+        odd.check("q", 61 / 60, 0.0)
+    assert odd.check("q", 61 / 60, 0.0).remaining == 0
+    # rounding up: a limit smaller than N still gives every partition one request
+    tiny = RateLimiter(partitions=4).check("t", 1 / 60, 0.0)
+    assert tiny.allowed and tiny.limit == 1 and tiny.remaining == 0
+
+
 def test_rate_headers_and_refusal() -> None:
     limiter = RateLimiter()
     decision = limiter.check("h", 100, 0.0)

@@ -1,0 +1,181 @@
+"""The soak: batch25 at a constant 70% of its measured maximum rate, watching RSS and fds.
+
+wrk2 is not packaged by Debian, so the rate is held by wrk itself: a Lua
+`delay()` makes each connection wait between a response and its next request.
+wrk has no clock in Lua, so the delay cannot follow latency by itself: first
+three 5-second calibration runs on the same server correct the delay from the
+rate each achieved; then one continuous wrk run of the soak's duration holds
+it (one run, so the connections stay the same and the fd count means
+something). Every 2.5 s the soak samples VmRSS and the open file descriptors
+of the server (parent and workers, summed). Growth is measured from the first
+sample after the warm-up (the first quarter of the continuous run, 10-30 s) to
+the mean of the last two samples (fds: the last sample).
+
+The soak's server runs with keep_alive_timeout 5 s instead of 75 s: hypercorn
+(0.18, trio worker) keeps a keep-alive connection that the client closed while
+it was idle in CLOSE-WAIT until keep_alive_timeout runs out (its idle-timeout
+task holds the connection's task group open), so the calibration runs' closed
+connections would otherwise still be counted 75 s later. The steady state is
+unaffected: the soak's connections are never idle for more than the delay.
+
+VmRSS counts LMDB's memory-mapped data pages (RssFile) as well as the heap
+(RssAnon). The outbox only grows during a soak (retention keeps 7 days), so
+the mapped part grows with the data the process touches, and drops whenever
+the map is doubled (remapped); that is page cache, not a leak. The report
+gives VmRSS growth (the target) and the anonymous part's growth (where a leak
+would show).
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench import bodies
+from bench.scenarios import Result, parse_wrk, write_tenants, wrk_argv
+from bench.server import Collector
+
+CALIBRATION_RUNS, CALIBRATION_S = 3, 5.0
+SAMPLE_EVERY_S = 2.5
+LOAD_FACTOR = 0.7
+
+
+@dataclass
+class Soak:
+    target_rps: float
+    achieved_rps: float
+    seconds: float
+    warmup_s: float
+    connections: int
+    delay_ms: float
+    rss_growth_pct: float
+    fd_growth: int
+    rss_start_mb: float
+    rss_end_mb: float
+    rss_anon_growth_pct: float
+    rss_anon_start_mb: float
+    rss_anon_end_mb: float
+    fds_start: int
+    fds_end: int
+    fds_min_after_warmup: int
+    fds_max_after_warmup: int
+    non2xx: int
+    socket_errors: int
+    samples: list[dict[str, float]] = field(default_factory=list)
+    calibration: list[dict[str, float]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.rss_growth_pct < 10.0 and self.fd_growth <= 0
+
+    @property
+    def heap_ok(self) -> bool:
+        return self.rss_anon_growth_pct < 10.0 and self.fd_growth <= 0
+
+
+def run_soak(wrk: str, *, max_rps: float, seconds: float, workers: int = 1,
+             connections: int = 64) -> tuple[Result, Soak]:
+    """`connections` should be those max_rps was measured with: fewer cannot reach 70% of it."""
+    target = max(1.0, LOAD_FACTOR * max_rps)
+    warmup_s = min(30.0, max(10.0, seconds / 4)) if seconds >= 20 else seconds / 4
+    with tempfile.TemporaryDirectory(prefix="bench-soak-") as tmp:
+        workdir = Path(tmp)
+        tenants, _ = write_tenants(workdir)
+        body = workdir / "body.json"
+        body.write_bytes(bodies.batch(25))
+        server = Collector(workdir, tenants, workers=workers, env={"COLLECTOR_KEEP_ALIVE_TIMEOUT": "5"})
+        try:
+            url = server.url + "/v1/events"
+            delay_ms = connections * 1000.0 / target
+            calibration: list[dict[str, float]] = []
+            for _ in range(CALIBRATION_RUNS):
+                argv = wrk_argv(wrk, url, body, CALIBRATION_S, connections, delay_ms=max(1, round(delay_ms)))
+                stats = parse_wrk(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+                achieved = stats["requests"] / (stats["duration_us"] / 1e6)
+                calibration.append({"delay_ms": round(delay_ms, 1), "requests_per_s": round(achieved, 1),
+                                    "p99_ms": stats["p99_us"] / 1000})
+                # cycle per connection = latency + delay; keep the latency, fix the delay
+                if achieved > 0:
+                    latency_ms = max(0.0, connections * 1000.0 / achieved - delay_ms)
+                    delay_ms = max(1.0, connections * 1000.0 / target - latency_ms)
+            samples: list[dict[str, float]] = []
+            cpu0 = server.cpu_seconds()
+            argv = wrk_argv(wrk, url, body, seconds, connections, delay_ms=max(1, round(delay_ms)))
+            started = time.monotonic()
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            at = SAMPLE_EVERY_S
+            while at < seconds - 0.5 and proc.poll() is None:
+                time.sleep(max(0.0, started + at - time.monotonic()))
+                anon, mapped = server.rss_parts()
+                samples.append({
+                    "t": round(time.monotonic() - started, 1),
+                    "rss_mb": round(server.rss_bytes() / 2**20, 2),
+                    "rss_anon_mb": round(anon / 2**20, 2),
+                    "rss_file_mb": round(mapped / 2**20, 2),
+                    "fds": server.open_fds(),
+                })
+                at += SAMPLE_EVERY_S
+            out, err = proc.communicate(timeout=seconds + 60)
+            if proc.returncode != 0:
+                raise RuntimeError(f"wrk failed: {err}")
+            stats = parse_wrk(out)
+            cpu = server.cpu_seconds() - cpu0
+            peak = server.peak_rss_bytes()
+        finally:
+            server.stop()
+    after = [s for s in samples if s["t"] >= warmup_s] or samples[-1:]
+    start, tail = after[0], after[-2:]
+    rss_end = statistics.mean(s["rss_mb"] for s in tail)
+    anon_end = statistics.mean(s["rss_anon_mb"] for s in tail)
+    fds_end = int(tail[-1]["fds"])
+    requests = stats["requests"]
+    duration = stats["duration_us"] / 1e6
+    non2xx = int(stats["non2xx"])
+    soak = Soak(
+        target_rps=round(target, 1),
+        achieved_rps=round(requests / duration, 1),
+        seconds=round(duration, 1),
+        warmup_s=round(warmup_s, 1),
+        connections=connections,
+        delay_ms=round(delay_ms, 1),
+        rss_growth_pct=round((rss_end - start["rss_mb"]) / start["rss_mb"] * 100, 2),
+        fd_growth=fds_end - int(start["fds"]),
+        rss_start_mb=start["rss_mb"],
+        rss_end_mb=round(rss_end, 2),
+        rss_anon_growth_pct=round((anon_end - start["rss_anon_mb"]) / start["rss_anon_mb"] * 100, 2),
+        rss_anon_start_mb=start["rss_anon_mb"],
+        rss_anon_end_mb=round(anon_end, 2),
+        fds_start=int(start["fds"]),
+        fds_end=fds_end,
+        fds_min_after_warmup=int(min(s["fds"] for s in after)),
+        fds_max_after_warmup=int(max(s["fds"] for s in after)),
+        non2xx=non2xx,
+        socket_errors=int(stats["socket_errors"]),
+        samples=samples,
+        calibration=calibration,
+    )
+    result = Result(
+        scenario="soak",
+        connections=connections,
+        requests_per_s=soak.achieved_rps,
+        events_per_s=round((requests - non2xx) * 25 / duration, 1),
+        p50_ms=stats["p50_us"] / 1000,
+        p99_ms=stats["p99_us"] / 1000,
+        p999_ms=stats["p999_us"] / 1000,
+        cpu_s_per_1000_events=round(cpu / ((requests - non2xx) * 25) * 1000, 4) if requests > non2xx else 0.0,
+        cpu_ms_per_request=round(cpu / requests * 1000, 3) if requests else 0.0,
+        peak_rss_mb=round(peak / 2**20, 1),
+        group_commit_size=0.0,
+        non2xx=non2xx,
+        socket_errors=soak.socket_errors,
+        events_per_request=25,
+        note=(f"constant {soak.target_rps:.0f} req/s target (70% of batch25's max {max_rps:.0f});"
+              f" RSS {soak.rss_growth_pct:+.1f}% (heap {soak.rss_anon_growth_pct:+.1f}%) and fds"
+              f" {soak.fd_growth:+d} after {warmup_s:.0f} s warm-up"),
+        workers=workers,
+    )
+    return result, soak

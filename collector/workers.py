@@ -1,0 +1,323 @@
+"""`collector serve --workers N`: one parent, N worker processes, one socket, one environment.
+
+The parent opens the data directory once (format check, migrations, tenants
+import), then closes it; binds and listens on the HTTP socket itself (so with
+`--bind 127.0.0.1:0` the port it prints is the real one) and spawns N
+children with `python -m collector.workers`, each inheriting that listening
+socket as a file descriptor (hypercorn's `bind = ["fd://N"]`). The kernel
+hands each new connection to whichever child accepts first: one accept queue,
+no SO_REUSEPORT hashing and no socket of the parent's that nobody accepts on.
+
+Each child is a whole `collector.app.serve`: its own trio nursery tree, key
+cache, request-rate partition (limit / N, see collector/limits/buckets.py)
+and group-commit writer over the shared LMDB environment (LMDB's writer lock
+serialises the children's transactions; a child adopts a map another child
+grew). Worker 0 alone runs the retention sweep and any outbox consumers.
+
+The parent prints exactly one `collector listening on http://HOST:PORT` line
+once every child reported ready, and sends systemd READY=1 / STOPPING=1 /
+WATCHDOG=1 (the children get no NOTIFY_SOCKET). SIGTERM or SIGINT: forwarded
+as SIGTERM to every child; the parent exits 0 once all drained and exited 0,
+1 if one had to be killed after `graceful_timeout` + 1 s or failed. A child
+that dies unexpectedly is restarted after a backoff (0.5 s doubling to 8 s,
+reset after 30 s of uptime); more than 5 unexpected exits within 60 s, or a
+child that never gets ready at start-up, stop the parent with status 1.
+Children die with the parent (PR_SET_PDEATHSIG: SIGTERM, so they drain).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from functools import partial
+from pathlib import Path
+
+import msgspec
+import trio
+
+from collector import systemd
+from collector.settings import Settings
+
+log = logging.getLogger("collector.workers")
+
+READY_TIMEOUT_S = 60.0
+BACKOFF_FIRST_S, BACKOFF_MAX_S, BACKOFF_RESET_S = 0.5, 8.0, 30.0
+CRASH_WINDOW_S, CRASH_LIMIT = 60.0, 5
+_CHILD_ENV_DROP = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID")
+
+
+class SupervisorFailed(Exception):
+    """A child could not start, or crashed too often: the parent exits 1."""
+
+
+def bind_listener(settings: Settings) -> socket.socket:
+    host, port = settings.host_port
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(settings.backlog)
+    sock.set_inheritable(True)
+    return sock
+
+
+def listening_url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if sock.family == socket.AF_INET6 else f"http://{host}:{port}"
+
+
+def prepare_storage(settings: Settings) -> None:
+    """Open the environment once before the children: format check, migrations, tenants."""
+    from collector.app import open_storage
+    from collector.demo import DEMO_TENANTS
+    from collector.tenants_admin import import_tenants
+
+    storage = open_storage(settings)
+    try:
+        if settings.demo_tenant:
+            import_tenants(storage, DEMO_TENANTS)
+        if settings.tenants:
+            import_tenants(storage, Path(settings.tenants).read_bytes())
+    finally:
+        storage.close()
+
+
+def run_supervisor(settings: Settings) -> int:
+    """`collector serve --workers N` (N > 1) in the parent; returns the exit status."""
+    prepare_storage(settings)
+    sock = bind_listener(settings)
+    try:
+        return trio.run(Supervisor(settings, sock).run)
+    finally:
+        sock.close()
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, sock: socket.socket) -> None:
+        self.settings = settings
+        self.sock = sock
+        child = msgspec.structs.replace(
+            settings, bind=f"fd://{sock.fileno()}", tenants=None, demo_tenant=False
+        )
+        self.child_settings = msgspec.json.encode(child).decode()
+        self.env = {k: v for k, v in os.environ.items() if k not in _CHILD_ENV_DROP}
+        self.procs: dict[int, Child] = {}
+        self.stopping = trio.Event()
+        self.failed: str | None = None
+        self.crashes: deque[float] = deque()
+        self.restarts = 0
+
+    async def run(self) -> int:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                try:
+                    for index in range(self.settings.workers):
+                        await nursery.start(self._slot, index)
+                except SupervisorFailed as exc:
+                    self.failed = str(exc)
+                    await self._stop_children()
+                    nursery.cancel_scope.cancel()
+                    return 1
+                url = listening_url(self.sock)
+                print(f"collector listening on {url}", flush=True)
+                log.info("listening on %s with %d workers", url, self.settings.workers)
+                systemd.notify(
+                    f"READY=1\nSTATUS=listening on {url} with {self.settings.workers} workers\n"
+                    f"MAINPID={os.getpid()}"
+                )
+                interval = systemd.watchdog_interval()
+                if interval:
+                    nursery.start_soon(systemd.watchdog_loop, interval)
+                nursery.start_soon(self._await_signal, signals)
+                await self.stopping.wait()
+                clean = await self._stop_children()
+                nursery.cancel_scope.cancel()
+        if self.failed:
+            log.error("stopping: %s", self.failed)
+            return 1
+        return 0 if clean else 1
+
+    async def _await_signal(self, signals: AsyncIterator[int]) -> None:
+        async for signum in signals:
+            if not self.stopping.is_set():
+                log.info("received %s: draining workers", signal.Signals(signum).name)
+                systemd.notify("STOPPING=1")
+                self.stopping.set()
+
+    async def _stop_children(self) -> bool:
+        """SIGTERM every child; SIGKILL what has not exited after the drain time. True if clean."""
+        self.stopping.set()
+        procs = list(self.procs.values())
+        for proc in procs:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+        clean = True
+        with trio.move_on_after(self.settings.graceful_timeout + 1.0) as scope:
+            for proc in procs:
+                await proc.wait()
+        if scope.cancelled_caught:
+            clean = False
+            for proc in procs:
+                if proc.returncode is None:
+                    log.error("worker pid %d did not drain in time: killing it", proc.pid)
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+            with trio.CancelScope(shield=True):
+                for proc in procs:
+                    await proc.wait()
+        for proc in procs:
+            if proc.returncode not in (0, None):
+                clean = False
+        return clean
+
+    def _spawn(self, index: int) -> Child:
+        argv = [
+            sys.executable, "-m", "collector.workers",
+            "--index", str(index),
+            "--parent", str(os.getpid()),
+            "--settings", self.child_settings,
+        ]  # fmt: skip
+        # Spawned from the trio thread itself, not a worker thread (trio's
+        # open_process): PR_SET_PDEATHSIG fires when the *thread* that forked
+        # the child exits, and trio retires idle worker threads.
+        popen = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, pass_fds=(self.sock.fileno(),), env=self.env
+        )
+        return Child(popen)
+
+    async def _slot(self, index: int, *, task_status: trio.TaskStatus[None]) -> None:
+        """Keep worker `index` running until the supervisor stops."""
+        backoff = BACKOFF_FIRST_S
+        first = True
+        while not self.stopping.is_set():
+            proc = self._spawn(index)
+            self.procs[index] = proc
+            started = time.monotonic()
+            ready = await self._wait_ready(proc)
+            if not ready:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+                if first:
+                    raise SupervisorFailed(f"worker {index} did not start (exit {proc.returncode})")
+            elif first:
+                first = False
+                task_status.started()
+            if ready:
+                async with trio.open_nursery() as drain:
+                    drain.start_soon(self._drain_output, proc)
+                    await proc.wait()
+                    drain.cancel_scope.cancel()
+            await proc.stdout.aclose()
+            if self.stopping.is_set():
+                return
+            # an unexpected exit: restart with backoff, or give up
+            now = time.monotonic()
+            self.crashes.append(now)
+            while self.crashes and self.crashes[0] < now - CRASH_WINDOW_S:
+                self.crashes.popleft()
+            log.error("worker %d (pid %d) exited unexpectedly with %s", index, proc.pid, proc.returncode)
+            if len(self.crashes) > CRASH_LIMIT:
+                self.failed = f"{len(self.crashes)} worker crashes within {CRASH_WINDOW_S:.0f} s"
+                self.stopping.set()
+                return
+            if now - started > BACKOFF_RESET_S:
+                backoff = BACKOFF_FIRST_S
+            with trio.move_on_after(backoff):
+                await self.stopping.wait()
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+            self.restarts += 1
+
+    async def _wait_ready(self, proc: Child) -> bool:
+        buffer = b""
+        with trio.move_on_after(READY_TIMEOUT_S):
+            while b"\n" not in buffer:
+                chunk = await proc.stdout.receive_some(4096)
+                if not chunk:
+                    return False
+                buffer += chunk
+            return b"listening on" in buffer
+        return False
+
+    async def _drain_output(self, proc: Child) -> None:
+        with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
+            while await proc.stdout.receive_some(4096):
+                pass
+
+
+class Child:
+    """A worker process; its stdout is read by trio, its exit polled (cheap, and any task may wait)."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen = popen
+        self.pid = popen.pid
+        assert popen.stdout is not None
+        self.stdout = trio.lowlevel.FdStream(os.dup(popen.stdout.fileno()))
+        popen.stdout.close()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.poll()
+
+    def send_signal(self, signum: int) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    async def wait(self) -> int:
+        while (code := self.popen.poll()) is None:  # noqa: ASYNC110 (a child exit is no trio event)
+            await trio.sleep(0.1)
+        return code
+
+
+# -- the child ---------------------------------------------------------------
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """Get SIGTERM (a graceful drain) when the parent dies, even by SIGKILL."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        sys.exit(0)
+
+
+def child_main(argv: list[str] | None = None) -> int:
+    from collector.app import serve
+    from collector.logs import configure_logging
+
+    parser = argparse.ArgumentParser(prog="python -m collector.workers")
+    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--settings", required=True)
+    args = parser.parse_args(argv)
+    _die_with_parent(args.parent)
+    # The parent forwards SIGTERM and systemd (KillMode=control-group) may send
+    # its own: a second signal during the drain must not kill the child with
+    # the default action. serve() watches the first; afterwards these no-ops
+    # are restored in place of the default handlers.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    signal.signal(signal.SIGINT, lambda *_: None)
+    settings = msgspec.json.decode(args.settings, type=Settings)
+    configure_logging()
+    trio.run(partial(serve, settings, worker_index=args.index))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(child_main())

@@ -1,0 +1,190 @@
+"""`collector serve --workers 2` through the real processes: one socket, one environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import trio
+
+from tests.conftest import PAID_KEY, click, write_tenants
+from tests.helpers import run_cli
+
+H = {"X-API-Key": PAID_KEY, "Origin": "https://bigco.com"}
+
+
+class Workers:
+    """`serve --workers N` in its own session, so the test can kill the whole group."""
+
+    def __init__(self, tmp_path: Path, workers: int = 2, *extra: str) -> None:
+        self.data_dir = tmp_path / "data"
+        tenants = write_tenants(tmp_path / "tenants.json")
+        self.log = tmp_path / f"serve-{time.monotonic_ns()}.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "collector", "serve", "--bind", "127.0.0.1:0",
+             "--workers", str(workers), "--no-access-log",
+             "--data-dir", str(self.data_dir), "--tenants", str(tenants), *extra],
+            stdout=subprocess.PIPE, stderr=self.log.open("w"), text=True, start_new_session=True,
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line.startswith("collector listening on http://127.0.0.1:"), line
+        self.url = line.split("listening on ")[1].strip()
+        assert not self.url.endswith(":0")
+
+    def children(self) -> list[int]:
+        tasks = Path(f"/proc/{self.proc.pid}/task")
+        return sorted(int(pid) for task in tasks.iterdir() for pid in (task / "children").read_text().split())
+
+    def stop(self, timeout: float = 15) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=timeout)
+        if code != 0:
+            print(self.log.read_text()[-4000:])
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.read() == "", "the parent printed more than the one listening line"
+        return code
+
+    def kill_group(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+
+def metric(text: str, name: str) -> float:
+    match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M)
+    assert match, name
+    return float(match.group(1))
+
+
+def per_worker_metrics(url: str, workers: int) -> dict[int, str]:
+    """/metrics is per process: scrape on fresh connections until every worker answered."""
+    seen: dict[int, str] = {}
+    deadline = time.monotonic() + 20
+    while len(seen) < workers and time.monotonic() < deadline:
+        text = httpx.get(url + "/metrics", timeout=5, headers={"Connection": "close"}).text
+        seen[int(metric(text, "collector_worker_index"))] = text
+    return seen
+
+
+async def post_load(url: str, seconds: float, acknowledged: list[str], pids: Counter[int]) -> None:
+    """Many clients, every request on a fresh connection; remembers acknowledged event ids."""
+
+    async def client(n: int) -> None:
+        batch = 0
+        limits = httpx.Limits(max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=url, timeout=10, limits=limits) as http:
+            while True:
+                eids = [f"c{n}-{batch}-{i}-" + "x" * 100 for i in range(10)]
+                batch += 1
+                try:
+                    response = await http.post(
+                        "/v1/events", json={"events": [click(e) for e in eids]}, headers=H
+                    )
+                    if batch % 5 == 0:
+                        pids[(await http.get("/healthz")).json()["pid"]] += 1
+                except httpx.HTTPError:
+                    return
+                if response.status_code == 202 and response.json()["accepted"] == 10:
+                    acknowledged.extend(eids)
+
+    with trio.move_on_after(seconds):
+        async with trio.open_nursery() as nursery:
+            for n in range(12):
+                nursery.start_soon(client, n)
+
+
+def dump_counts(data_dir: Path) -> Counter[str]:
+    rows = [json.loads(line) for line in run_cli("outbox", "dump", data_dir=data_dir).stdout.splitlines()]
+    return Counter(row["eid"] for row in rows)
+
+
+def test_two_workers_share_socket_and_environment_across_map_growth(tmp_path: Path) -> None:
+    config = tmp_path / "collector.toml"
+    config.write_text("map_size_mb = 1\n")  # tiny: the shared map must grow while both write
+    server = Workers(tmp_path, 2, "--config", str(config))
+    try:
+        assert len(server.children()) == 2
+        acknowledged: list[str] = []
+        pids: Counter[int] = Counter()
+        trio.run(post_load, server.url, 6.0, acknowledged, pids)
+        assert len(acknowledged) > 1000
+        assert set(pids) == set(server.children()), f"not every worker answered: {pids}"
+        scrapes = per_worker_metrics(server.url, 2)
+        assert set(scrapes) == {0, 1}
+        for text in scrapes.values():
+            assert metric(text, "collector_workers") == 2
+            assert metric(text, "collector_writer_requests_committed") > 0  # both wrote
+            assert metric(text, "collector_lmdb_map_size_bytes") > 1024 * 1024  # both see the growth
+        growths = sum(metric(t, "collector_lmdb_map_growths") for t in scrapes.values())
+        assert growths >= 1
+        # rate headers state the key-wide limit; each worker holds half of it
+        response = httpx.post(server.url + "/v1/events", json={"events": [click("one-more")]}, headers=H)
+        assert response.headers["X-RateLimit-Limit"] == str(60 * 5000)
+        acknowledged.append("one-more")
+    finally:
+        started = time.monotonic()
+        assert server.stop() == 0
+        assert time.monotonic() - started < 10
+    counts = dump_counts(server.data_dir)
+    assert not [eid for eid in acknowledged if counts[eid] != 1], "acknowledged events lost"
+    assert max(counts.values()) == 1, "an event was stored twice"
+    assert run_cli("check", data_dir=server.data_dir).returncode == 0
+
+
+def test_kill_9_of_the_whole_group_then_restart_loses_nothing(tmp_path: Path) -> None:
+    server = Workers(tmp_path, 2)
+    acknowledged: list[str] = []
+    pids: Counter[int] = Counter()
+
+    async def load_then_kill() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post_load, server.url, 30.0, acknowledged, pids)
+            await trio.sleep(2.0)
+            server.kill_group()
+            await trio.sleep(0.5)  # clients see their connections fail and stop
+            nursery.cancel_scope.cancel()
+
+    trio.run(load_then_kill)
+    assert len(acknowledged) > 100
+    again = Workers(tmp_path, 2)
+    try:
+        response = httpx.post(
+            again.url + "/v1/events", json={"events": [click(acknowledged[0])]}, headers=H
+        )
+        assert response.json()["duplicates"] == 1
+    finally:
+        assert again.stop() == 0
+    counts = dump_counts(server.data_dir)
+    assert not [eid for eid in acknowledged if counts[eid] != 1], "acknowledged events lost"
+    assert max(counts.values()) == 1
+
+
+def test_a_worker_that_dies_is_restarted(tmp_path: Path) -> None:
+    server = Workers(tmp_path, 2)
+    try:
+        first = server.children()
+        os.kill(first[1], signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            now = server.children()
+            if len(now) == 2 and first[1] not in now:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the killed worker was not restarted")
+        assert first[0] in now
+        # the replacement serves (scrapes on fresh connections until both answered)
+        assert set(per_worker_metrics(server.url, 2)) == {0, 1}
+        response = httpx.post(server.url + "/v1/events", json={"events": [click("after")]}, headers=H)
+        assert response.status_code == 202
+    finally:
+        assert server.stop() == 0
+    assert dump_counts(server.data_dir)["after"] == 1
