@@ -161,6 +161,9 @@ class Storage:
             current = self.env.info()["map_size"]
             if current > before:
                 return True
+            # set_mapsize(0) takes the size recorded by the last commit, which is
+            # smaller than ours while one transaction needs several doublings
+            current = max(current, before)
             if current >= self.max_map_size:
                 return False
             with mapped_lmdb_errors():

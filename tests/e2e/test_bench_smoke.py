@@ -21,5 +21,7 @@ def test_bench_check_runs_and_reports(tmp_path: Path) -> None:
     batch = next(r for r in report["results"] if r["scenario"] == "batch25")
     assert batch["requests_per_s"] > 0 and batch["non2xx"] == 0
     assert batch["group_commit_size"] >= 1
+    assert report["workers"] == 1 and batch["workers"] == 1
+    assert "soak" not in report and "sweep" not in report  # --check runs neither
     for path in written:
         path.unlink()

@@ -188,3 +188,47 @@ def test_a_worker_that_dies_is_restarted(tmp_path: Path) -> None:
     finally:
         assert server.stop() == 0
     assert dump_counts(server.data_dir)["after"] == 1
+
+
+def test_systemd_hears_only_the_parent(tmp_path: Path) -> None:
+    """READY=1 once, WATCHDOG=1 and STOPPING=1: all from the parent's pid, none from a worker."""
+    import socket
+    import struct
+
+    address = str(tmp_path / "notify.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(address)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    listener.settimeout(20)
+    env = dict(os.environ, NOTIFY_SOCKET=address, WATCHDOG_USEC="400000")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "collector", "serve", "--bind", "127.0.0.1:0", "--workers", "2",
+         "--data-dir", str(tmp_path / "data"), "--tenants", str(write_tenants(tmp_path / "t.json"))],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    heard: list[tuple[int, str]] = []
+
+    def receive() -> str:
+        data, ancillary, _, _ = listener.recvmsg(4096, socket.CMSG_SPACE(12))
+        pid = next(struct.unpack("iII", cdata[:12])[0] for level, kind, cdata in ancillary
+                   if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS)
+        heard.append((pid, data.decode()))
+        return data.decode()
+
+    try:
+        assert proc.stdout is not None
+        assert "listening on" in proc.stdout.readline()
+        while not receive().startswith("READY=1"):
+            pass
+        pings = 0
+        while pings < 2:
+            pings += receive() == "WATCHDOG=1"
+        proc.send_signal(signal.SIGTERM)
+        while receive() != "STOPPING=1":
+            pass
+        assert proc.wait(timeout=15) == 0
+    finally:
+        proc.kill()
+        listener.close()
+    assert {pid for pid, _ in heard} == {proc.pid}
+    assert sum(message.startswith("READY=1") for _, message in heard) == 1

@@ -1,0 +1,83 @@
+"""Two processes on one LMDB environment (`serve --workers N`): a map grown by one is adopted by the other."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import trio
+
+from storage.env import Storage
+from storage.writer import GroupCommitWriter, WriteContext, run_job_now
+
+MB = 1024 * 1024
+
+GROW_ELSEWHERE = """
+import sys
+from storage.env import Storage
+from storage.writer import run_job_now
+
+class Fill:
+    def run(self, ctx):
+        for n in range(48):
+            ctx.txn.put(b"fill-%d-%s" % (n, sys.argv[2].encode()), b"x" * 65536, db=ctx.dbs.meta)
+
+storage = Storage(sys.argv[1], map_size=1024 * 1024)
+run_job_now(storage, Fill())
+print(storage.env.info()["map_size"])
+storage.close()
+"""
+
+
+class Put:
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+
+    def run(self, ctx: WriteContext) -> bytes:
+        ctx.txn.put(self.key, b"v" * 100_000, db=ctx.dbs.meta)
+        return self.key
+
+
+def grow_in_another_process(path: Path, tag: str) -> int:
+    root = Path(__file__).parents[2]
+    result = subprocess.run(
+        [sys.executable, "-c", GROW_ELSEWHERE, str(path), tag],
+        capture_output=True, text=True, check=True, cwd=root, timeout=60,
+    )
+    return int(result.stdout)
+
+
+async def test_writer_and_reads_adopt_a_map_another_process_grew(tmp_path: Path) -> None:
+    storage = Storage(tmp_path, map_size=MB)
+    try:
+        writer = GroupCommitWriter(storage)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            assert await writer.submit(Put(b"before")) == b"before"
+            grown = await trio.to_thread.run_sync(grow_in_another_process, tmp_path, "a")
+            assert grown >= 4 * MB and storage.env.info()["map_size"] < grown
+            # this process's mapping is too small for the data now: MapResizedError, adopted
+            assert await writer.submit(Put(b"after")) == b"after"
+            assert writer.statistics().map_adoptions >= 1
+            assert storage.env.info()["map_size"] >= grown
+            # and a second growth by the other process while this one keeps going
+            grown = await trio.to_thread.run_sync(grow_in_another_process, tmp_path, "b")
+            with storage.read() as txn:  # reads adopt too
+                assert txn.get(b"fill-47-b", db=storage.dbs.meta) is not None
+            assert await writer.submit(Put(b"again")) == b"again"
+            nursery.cancel_scope.cancel()
+        with storage.read() as txn:
+            assert all(txn.get(k, db=storage.dbs.meta) for k in (b"before", b"after", b"again"))
+    finally:
+        storage.close()
+
+
+def test_one_off_jobs_adopt_too(tmp_path: Path) -> None:
+    storage = Storage(tmp_path, map_size=MB)
+    try:
+        run_job_now(storage, Put(b"first"))
+        grow_in_another_process(tmp_path, "c")
+        assert run_job_now(storage, Put(b"second")) == b"second"
+    finally:
+        storage.close()
