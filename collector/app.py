@@ -25,6 +25,7 @@ from quart_trio import QuartTrio
 from collector import systemd
 from collector.access.keycache import KeyCache
 from collector.demo import DEMO_TENANTS
+from collector.http.access_log import flush_periodically as flush_access_log
 from collector.http.asgi import Receive, Scope, Send, send_response
 from collector.http.ingest import make_ingest_handler
 from collector.http.ops import register_ops_routes
@@ -163,6 +164,8 @@ async def serve(
         app = build_asgi(services)
         async with trio.open_nursery() as outer:
             await outer.start(services.writer.run)
+            if settings.access_log:
+                outer.start_soon(flush_access_log)
             sweep = RetentionSweep(
                 outbox_retention_ms=int(settings.outbox_retention_hours * 3_600_000),
                 idempotency_window_ms=int(settings.idempotency_window_hours * 3_600_000),
