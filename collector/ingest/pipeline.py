@@ -36,6 +36,7 @@ _event_decoder = msgspec.json.Decoder(AnyEvent)  # type: ignore[arg-type]
 _batch_decoder = msgspec.json.Decoder(Batch)
 _generic_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
+_EMPTY_EID = len(b'{"eid":""')
 
 
 def _issue_from(error: msgspec.ValidationError) -> EventIssue:
@@ -52,6 +53,37 @@ def _decode_json(body: bytes) -> object:
         raise ServiceError("invalid_json", "body is not valid UTF-8") from None
     except RecursionError:
         raise ServiceError("invalid_json", "body is nested too deeply") from None
+
+
+class _TypedBatch(msgspec.Struct, frozen=True):
+    events: list[AnyEvent]
+
+
+_typed_batch_decoder = msgspec.json.Decoder(_TypedBatch)
+
+
+def _decode_events(body: bytes, decoded: object) -> tuple[list[AnyEvent | EventIssue], bool]:
+    """Each event decoded, or the issue that rejects it; and whether the body was one event.
+
+    A batch whose events all decode (the common case) takes one decoder call;
+    otherwise each event is decoded on its own, so one bad event rejects only
+    itself, with the same message either way.
+    """
+    if isinstance(decoded, dict) and "events" in decoded and "type" not in decoded:
+        events = decoded["events"]
+        if isinstance(events, list) and 1 <= len(events) <= MAX_BATCH:
+            try:
+                return list(_typed_batch_decoder.decode(body).events), False
+            except msgspec.ValidationError:
+                pass
+    raws, single = _split(body, decoded)
+    out: list[AnyEvent | EventIssue] = []
+    for raw in raws:
+        try:
+            out.append(_event_decoder.decode(raw))
+        except msgspec.ValidationError as exc:
+            out.append(_issue_from(exc))
+    return out, single
 
 
 def _split(body: bytes, decoded: object) -> tuple[list[bytes], bool]:
@@ -109,17 +141,17 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
         )
     decoded = _decode_json(body)
     refuse_payment_data(body, decoded)
-    raws, single = _split(body, decoded)
+    events, single = _decode_events(body, decoded)
+    # The server fields after "eid", as Enrichment encodes them without clientTimestamp.
+    server_tail = _encoder.encode(Enrichment("", ctx.client_id, ctx.site_id, ctx.now_ms))[_EMPTY_EID:]
 
     accepted: list[AcceptedEvent] = []
     rejected: list[RejectedEvent] = []
     missing_ids: list[int] = []
-    for index, raw in enumerate(raws):
-        try:
-            event: AnyEvent = _event_decoder.decode(raw)
-        except msgspec.ValidationError as exc:
+    for index, event in enumerate(events):
+        if isinstance(event, EventIssue):
             eid = _raw_eid(decoded, index, single)
-            rejected.append(RejectedEvent(index, eid, "validation_error", [_issue_from(exc)]))
+            rejected.append(RejectedEvent(index, eid, "validation_error", [event]))
             continue
         event = rewrite_platform(event, ctx.key_type)
         event, issues = check_event(event)
@@ -136,11 +168,14 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
         if abs(event.timestamp - ctx.now_ms) > SKEW_MS:
             client_ts = event.timestamp
             client_json = _encoder.encode(msgspec.structs.replace(event, timestamp=ctx.now_ms))
-        enrichment = _encoder.encode(
-            Enrichment(eid, ctx.client_id, ctx.site_id, ctx.now_ms, client_ts)
-        )
         # Splice the server fields into the client object: {...client..., ...server...}
-        stored = client_json[:-1] + b"," + enrichment[1:]
+        if client_ts is None:  # byte for byte what encoding the Enrichment gives
+            stored = b"".join((client_json[:-1], b',"eid":', _encoder.encode(eid), server_tail))
+        else:
+            enrichment = _encoder.encode(
+                Enrichment(eid, ctx.client_id, ctx.site_id, ctx.now_ms, client_ts)
+            )
+            stored = client_json[:-1] + b"," + enrichment[1:]
         if len(stored) > MAX_STORED_EVENT:
             raise ServiceError(
                 "batch_too_large",
@@ -175,7 +210,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
                 for r in rejected
             ],
         )
-    return PreparedBatch(len(raws), single, accepted, rejected, [])
+    return PreparedBatch(len(events), single, accepted, rejected, [])
 
 
 def _raw_eid(decoded: Any, index: int, single: bool) -> str | None:
