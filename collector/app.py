@@ -26,6 +26,7 @@ from collector import systemd
 from collector.access.keycache import KeyCache
 from collector.demo import DEMO_TENANTS
 from collector.fieldkeys import key_file_path, load_or_create
+from collector.http.access_log import flush_periodically as flush_access_log
 from collector.http.asgi import Receive, Scope, Send, send_response
 from collector.http.client_address import TrustedProxies
 from collector.http.ingest import make_ingest_handler
@@ -207,6 +208,8 @@ async def serve(
         app = build_asgi(services)
         async with trio.open_nursery() as outer:
             await outer.start(services.writer.run)
+            if settings.access_log:
+                outer.start_soon(flush_access_log)
             if worker_index == 0:  # singletons: one per environment, not one per worker
                 sweep = RetentionSweep(
                     outbox_retention_ms=int(settings.outbox_retention_hours * 3_600_000),

@@ -57,9 +57,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from collector.app import serve
     from collector.logs import configure_logging
+    from collector.runtime import tune_gc
 
     settings = _settings_from(args)
     configure_logging()
+    tune_gc()  # after the imports above: they are start-up objects, never scanned again
     if settings.workers > 1:
         from collector.workers import run_supervisor
 

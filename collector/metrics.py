@@ -1,33 +1,34 @@
-"""Prometheus metrics: counters updated on the hot path, the rest read at scrape time.
+"""Prometheus metrics: plain counters on the hot path, everything rendered at scrape time.
 
-Long-lived components expose `statistics()`; a custom collector turns those
-into gauges when /metrics is scraped, so the hot path pays for nothing.
+The request and event counters are plain ints in dicts, bumped on the event
+loop thread only (a prometheus-client Counter takes a lock and does label
+bookkeeping on every call); a custom collector turns them into counter
+families, `_total` and `_created` samples as before, when /metrics is
+scraped. Long-lived components expose `statistics()`, turned into gauges the
+same way. The commit histograms are observed from the writer thread, once
+per group.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+EVENT_OUTCOMES = ("accepted", "duplicate", "rejected", "dropped")
 
 
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter(
-            "collector_requests",
-            "HTTP requests answered, by route and status",
-            ["route", "status"],
-            registry=self.registry,
-        )
-        self.events = Counter(
-            "collector_events",
-            "Events received, by outcome (accepted, duplicate, rejected, dropped)",
-            ["outcome"],
-            registry=self.registry,
-        )
+        created = time.time()
+        # (route, status) -> [count, created]; outcome -> [count, created]
+        self._requests: dict[tuple[str, int], list[float]] = {}
+        self._events: dict[str, list[float]] = {name: [0, created] for name in EVENT_OUTCOMES}
+        self.registry.register(_CounterCollector(self))
         self.commit_seconds = Histogram(
             "collector_commit_seconds",
             "Duration of one group-commit transaction including fsync",
@@ -42,23 +43,34 @@ class Metrics:
         )
         self._gauges: list[Callable[[], Iterator[GaugeMetricFamily]]] = []
         self.registry.register(_GaugeCollector(self._gauges))
-        self._request_children: dict[tuple[str, int], Counter] = {}
-        self._event_children = {
-            name: self.events.labels(name)
-            for name in ("accepted", "duplicate", "rejected", "dropped")
-        }
 
     def count_request(self, route: str, status: int) -> None:
-        child = self._request_children.get((route, status))
-        if child is None:
-            child = self._request_children[(route, status)] = self.requests.labels(
-                route, str(status)
-            )
-        child.inc()
+        """Called on the event loop thread only."""
+        entry = self._requests.get((route, status))
+        if entry is None:
+            self._requests[(route, status)] = [1, time.time()]
+        else:
+            entry[0] += 1
 
     def count_events(self, outcome: str, amount: int) -> None:
         if amount:
-            self._event_children[outcome].inc(amount)
+            self._events[outcome][0] += amount
+
+    def counter_families(self) -> Iterator[CounterMetricFamily]:
+        requests = CounterMetricFamily(
+            "collector_requests", "HTTP requests answered, by route and status", labels=["route", "status"]
+        )
+        for (route, status), (count, created) in list(self._requests.items()):
+            requests.add_metric([route, str(status)], count, created=created)
+        yield requests
+        events = CounterMetricFamily(
+            "collector_events",
+            "Events received, by outcome (accepted, duplicate, rejected, dropped)",
+            labels=["outcome"],
+        )
+        for outcome, (count, created) in list(self._events.items()):
+            events.add_metric([outcome], count, created=created)
+        yield events
 
     def on_commit(self, group_size: int, seconds: float) -> None:
         """Called from the writer thread after each commit (prometheus-client is thread-safe)."""
@@ -70,6 +82,14 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _CounterCollector(Collector):
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        return self._metrics.counter_families()
 
 
 class _GaugeCollector(Collector):

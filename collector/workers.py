@@ -300,6 +300,7 @@ def _die_with_parent(parent: int) -> None:
 def child_main(argv: list[str] | None = None) -> int:
     from collector.app import serve
     from collector.logs import configure_logging
+    from collector.runtime import tune_gc
 
     parser = argparse.ArgumentParser(prog="python -m collector.workers")
     parser.add_argument("--index", type=int, required=True)
@@ -315,6 +316,7 @@ def child_main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: None)
     settings = msgspec.json.decode(args.settings, type=Settings)
     configure_logging()
+    tune_gc()  # every worker serves like a one-process collector does
     trio.run(partial(serve, settings, worker_index=args.index))
     return 0
 

@@ -165,7 +165,7 @@ class Admission:
                 )
                 ledger_rows.append(
                     (
-                        idempotency.ledger_key(self.client_id, cand.eid),
+                        keys[index],
                         idempotency.encode(
                             idempotency.IdempotencyRecord(cand.content_hash, receipt, now_ms)
                         ),
@@ -189,8 +189,7 @@ class Admission:
                 ]
             )
         # In-batch duplicates take the receipt of the first occurrence.
-        for index, cand in enumerate(self.candidates):
+        for index in range(count):
             if receipts[index] is None:
-                first = first_in_batch[idempotency.ledger_key(self.client_id, cand.eid)]
-                receipts[index] = receipts[first]
+                receipts[index] = receipts[first_in_batch[keys[index]]]
         return AdmissionResult([r or "" for r in receipts], duplicate, usage)

@@ -32,8 +32,21 @@ def normalize_domain(domain: str) -> str:
     return domain[2:] if domain.startswith("*.") else domain
 
 
+# Requests repeat the same few Origin values: their parsed hosts and loopback
+# verdicts are cached (pure functions of the header text; short values only).
+_CACHED_HEADER_MAX = 512
+
+
 def request_host(origin: str | None, referer: str | None) -> str | None:
     """The browser's host from Origin (preferred) or Referer; None when neither is usable."""
+    if (origin is None or len(origin) <= _CACHED_HEADER_MAX) and (
+        referer is None or len(referer) <= _CACHED_HEADER_MAX
+    ):
+        return _cached_request_host(origin, referer)
+    return _request_host(origin, referer)
+
+
+def _request_host(origin: str | None, referer: str | None) -> str | None:
     for value in (origin, referer):
         if not value or value.strip().lower() == "null":
             continue
@@ -46,6 +59,10 @@ def request_host(origin: str | None, referer: str | None) -> str | None:
     return None
 
 
+_cached_request_host = functools.lru_cache(maxsize=1024)(_request_host)
+
+
+@functools.lru_cache(maxsize=1024)
 def is_loopback(host: str) -> bool:
     if host == "localhost" or host.endswith(".localhost"):
         return True

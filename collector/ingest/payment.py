@@ -8,10 +8,13 @@ AND starts with an issuer prefix (IIN) valid for that length. The IIN check
 is what keeps millisecond timestamps (they start with 17), phone numbers and
 order ids from matching: Luhn alone passes one random number in ten.
 
-Cost: one precompiled regex over the raw body finds candidates; only when a
-candidate passes Luhn and IIN is the decoded body walked to confirm it sits
-in a string (a JSON number is not payment material). The common request pays
-for two C-level regex scans and nothing else.
+Cost: card numbers are looked for in the raw body (a byte translation and a
+substring search find the digit runs; the card regex runs only around
+them), card field names in the distinct object keys of the decoded body
+(a few dozen per request, their verdicts cached). Only when one of these
+fires is the decoded body walked to confirm (a JSON number is not payment
+material). A body whose \\u escapes could hide digits, spaces or dashes from
+the raw scan is always walked.
 """
 
 from __future__ import annotations
@@ -39,7 +42,11 @@ _IIN_TABLE: tuple[tuple[int, int, frozenset[int]], ...] = (
     (56, 69, frozenset(range(12, 20))),  # Maestro
 )
 
-_CANDIDATE = re.compile(rb"(?<![0-9A-Za-z_.-])\d(?:[ -]?\d){11,18}(?![0-9A-Za-z_])")
+# In the raw body a JSON escape such as \n before the digits is a boundary in
+# the decoded text, although its letter is not: accept it as one here.
+_CANDIDATE = re.compile(
+    rb"(?:(?<![0-9A-Za-z_.-])|(?<=\\[bfnrt]))\d(?:[ -]?\d){11,18}(?![0-9A-Za-z_])"
+)
 _CANDIDATE_TEXT = re.compile(r"(?<![0-9A-Za-z_.-])\d(?:[ -]?\d){11,18}(?![0-9A-Za-z_])")
 _SEPARATORS = re.compile(r"[\s_\-.]")
 _CARD_FIELD_NAMES = frozenset(
@@ -51,25 +58,45 @@ _CARD_FIELD_NAMES = frozenset(
         "cardexpmonth", "cardexpyear",
     }
 )  # fmt: skip
-# A cheap pre-filter over the lower-cased body: every card field name starts
-# (after separators) with one of these, right after a JSON quote. One regex
-# anchored on the quote is ~3x cheaper than a dozen substring scans.
-_KEY_HINT = re.compile(rb'"[-_ .]*(?:card|cc|credit|debit|pan|cv[vc]|csc|cid|security|exp)')
+# Verdicts of is_card_field_name for the object keys seen so far: requests
+# repeat the same few dozen keys. Bounded; longer keys are never cached.
+_KEY_VERDICTS: dict[str, bool] = {}
+_KEY_VERDICTS_MAX = 4096
+_KEY_VERDICT_MAX_LEN = 64
+# A \u escape the raw scan cannot see through: one of a digit, space or dash,
+# or any escape right before a digit (it may decode to a boundary character).
+_HIDING_ESCAPE = re.compile(rb"\\u00(?:3[0-9]|2[0dD])|\\u[0-9a-fA-F]{4}(?=[0-9])")
 
 
 # Digits, spaces and dashes become "0", everything else "x": runs of twelve
-# "0"s are then found by a trivial regex at C speed, and the (slower) card
+# "0"s are then found by substring search at C speed, and the (slower) card
 # regex only runs on the few short regions around such runs.
 _RUN_TABLE = bytes(48 if chr(b) in "0123456789 -" else 120 for b in range(256))
-_RUNS = re.compile(rb"0{12,}")
+_RUN = b"0" * 12
+_NO_ISSUER = frozenset(b"01789")
 
 
 def _raw_candidates(raw: bytes) -> Iterator[str]:
+    # Each maximal run of twelve or more "0"s, found by substring search (a
+    # regex over the whole body costs ~10x more); a run ends at the next "x".
     mapped = raw.translate(_RUN_TABLE)
-    for run in _RUNS.finditer(mapped):
-        region = raw[max(0, run.start() - 1) : run.end() + 1]
+    start = mapped.find(_RUN)
+    while start != -1:
+        end = mapped.find(b"x", start)
+        if end == -1:
+            end = len(mapped)
+        run = raw[start:end].strip(b" -")
+        # Bare digits (inside the separators around the run) can only match
+        # from their first digit, and one that no issuer uses (every
+        # millisecond timestamp starts with 1) never makes a card.
+        if not run or (run[0] in _NO_ISSUER and run.isdigit()):
+            start = mapped.find(_RUN, end)
+            continue
+        # Two bytes of context on the left: the lookbehind may need "\\n".
+        region = raw[max(0, start - 2) : end + 1]
         for match in _CANDIDATE.finditer(region):
             yield match.group().decode()
+        start = mapped.find(_RUN, end)
 
 
 def luhn_valid(digits: str) -> bool:
@@ -106,6 +133,34 @@ def is_card_field_name(name: str) -> bool:
     return _SEPARATORS.sub("", name).lower() in _CARD_FIELD_NAMES
 
 
+def _is_card_key(name: str) -> bool:
+    verdict = _KEY_VERDICTS.get(name)
+    if verdict is None:
+        verdict = is_card_field_name(name)
+        if len(name) <= _KEY_VERDICT_MAX_LEN and len(_KEY_VERDICTS) < _KEY_VERDICTS_MAX:
+            _KEY_VERDICTS[name] = verdict
+    return verdict
+
+
+def _object_keys(value: Any) -> set[str]:
+    """Every distinct object key at any depth of a decoded JSON value."""
+    keys: set[str] = set()
+    stack = [value]
+    pop, push = stack.pop, stack.append
+    while stack:
+        item = pop()
+        if type(item) is dict:
+            keys.update(item)
+            for element in item.values():
+                if type(element) is dict or type(element) is list:
+                    push(element)
+        elif type(item) is list:
+            for element in item:
+                if type(element) is dict or type(element) is list:
+                    push(element)
+    return keys
+
+
 def text_has_card(text: str) -> bool:
     return any(looks_like_card(m.group()) for m in _CANDIDATE_TEXT.finditer(text))
 
@@ -129,8 +184,11 @@ def _has_value(value: Any) -> bool:
 
 def find_payment_data(raw: bytes, decoded: Any) -> str | None:
     """What payment material the request carries, or None. `decoded` is the parsed body."""
-    card_candidate = any(looks_like_card(c) for c in _raw_candidates(raw))
-    key_candidate = _KEY_HINT.search(raw.lower()) is not None
+    card_candidate = (
+        any(looks_like_card(c) for c in _raw_candidates(raw))
+        or _HIDING_ESCAPE.search(raw) is not None
+    )
+    key_candidate = any(_is_card_key(key) for key in _object_keys(decoded))
     if not card_candidate and not key_candidate:
         return None
     for key, value in _walk(decoded):

@@ -48,6 +48,7 @@ _event_decoder = msgspec.json.Decoder(AnyEvent)  # type: ignore[arg-type]
 _batch_decoder = msgspec.json.Decoder(Batch)
 _generic_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
+_EMPTY_EID = len(b'{"eid":""')
 
 
 def _issue_from(error: msgspec.ValidationError) -> EventIssue:
@@ -64,6 +65,37 @@ def _decode_json(body: bytes) -> object:
         raise ServiceError("invalid_json", "body is not valid UTF-8") from None
     except RecursionError:
         raise ServiceError("invalid_json", "body is nested too deeply") from None
+
+
+class _TypedBatch(msgspec.Struct, frozen=True):
+    events: list[AnyEvent]
+
+
+_typed_batch_decoder = msgspec.json.Decoder(_TypedBatch)
+
+
+def _decode_events(body: bytes, decoded: object) -> tuple[list[AnyEvent | EventIssue], bool]:
+    """Each event decoded, or the issue that rejects it; and whether the body was one event.
+
+    A batch whose events all decode (the common case) takes one decoder call;
+    otherwise each event is decoded on its own, so one bad event rejects only
+    itself, with the same message either way.
+    """
+    if isinstance(decoded, dict) and "events" in decoded and "type" not in decoded:
+        events = decoded["events"]
+        if isinstance(events, list) and 1 <= len(events) <= MAX_BATCH:
+            try:
+                return list(_typed_batch_decoder.decode(body).events), False
+            except msgspec.ValidationError:
+                pass
+    raws, single = _split(body, decoded)
+    out: list[AnyEvent | EventIssue] = []
+    for raw in raws:
+        try:
+            out.append(_event_decoder.decode(raw))
+        except msgspec.ValidationError as exc:
+            out.append(_issue_from(exc))
+    return out, single
 
 
 def _split(body: bytes, decoded: object) -> tuple[list[bytes], bool]:
@@ -83,6 +115,7 @@ def _split(body: bytes, decoded: object) -> tuple[list[bytes], bool]:
 
 
 HUMAN = BotInfo(False, "human")
+_HUMAN_FIELD = b',"bot":' + _encoder.encode(HUMAN)
 
 
 def _meter(event: AnyEvent, bot: BotInfo) -> MeterKind:
@@ -147,18 +180,19 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
         )
     decoded = _decode_json(body)
     refuse_payment_data(body, decoded)
-    raws, single = _split(body, decoded)
+    events, single = _decode_events(body, decoded)
+    # The server fields between "eid" and "bot", as Enrichment encodes them when
+    # there is no clientTimestamp and nothing withheld (without the closing brace).
+    server_tail = _encoder.encode(Enrichment("", ctx.client_id, ctx.site_id, ctx.now_ms))[_EMPTY_EID:-1]
 
     accepted: list[AcceptedEvent] = []
     rejected: list[RejectedEvent] = []
     dropped: list[DroppedEvent] = []
     missing_ids: list[int] = []
-    for index, raw in enumerate(raws):
-        try:
-            event: AnyEvent = _event_decoder.decode(raw)
-        except msgspec.ValidationError as exc:
+    for index, event in enumerate(events):
+        if isinstance(event, EventIssue):
             eid = _raw_eid(decoded, index, single)
-            rejected.append(RejectedEvent(index, eid, "validation_error", [_issue_from(exc)]))
+            rejected.append(RejectedEvent(index, eid, "validation_error", [event]))
             continue
         event = rewrite_platform(event, ctx.key_type)
         event, issues = check_event(event)
@@ -193,11 +227,17 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
         if to_store is not event:
             client_json = _encoder.encode(to_store)
         bot = _classify(event, ctx)
-        enrichment = _encoder.encode(
-            Enrichment(eid, ctx.client_id, ctx.site_id, ctx.now_ms, client_ts, withheld, bot)
-        )
         # Splice the server fields into the client object: {...client..., ...server...}
-        stored = client_json[:-1] + b"," + enrichment[1:]
+        if client_ts is None and withheld is None:  # byte for byte what encoding the Enrichment gives
+            bot_field = _HUMAN_FIELD if bot is HUMAN else b',"bot":' + _encoder.encode(bot)
+            stored = b"".join(
+                (client_json[:-1], b',"eid":', _encoder.encode(eid), server_tail, bot_field, b"}")
+            )
+        else:
+            enrichment = _encoder.encode(
+                Enrichment(eid, ctx.client_id, ctx.site_id, ctx.now_ms, client_ts, withheld, bot)
+            )
+            stored = client_json[:-1] + b"," + enrichment[1:]
         if len(stored) > MAX_STORED_EVENT:
             raise ServiceError(
                 "batch_too_large",
@@ -242,7 +282,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
                 for r in rejected
             ],
         )
-    return PreparedBatch(len(raws), single, accepted, rejected, dropped)
+    return PreparedBatch(len(events), single, accepted, rejected, dropped)
 
 
 def _raw_eid(decoded: Any, index: int, single: bool) -> str | None:

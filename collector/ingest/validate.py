@@ -6,6 +6,7 @@ list of issues.
 
 from __future__ import annotations
 
+import functools
 from urllib.parse import urlsplit
 
 import msgspec
@@ -54,6 +55,13 @@ def _truncate(page: Page) -> Page:
 def _web_url_issue(url: str | None) -> str | None:
     if url is None:
         return "page.url is required for web events"
+    # A batch repeats its page URL; the verdict of a URL never changes.
+    if len(url) <= URL_MAX:
+        return _cached_url_issue(url)
+    return _url_issue(url)
+
+
+def _url_issue(url: str) -> str | None:
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -61,6 +69,9 @@ def _web_url_issue(url: str | None) -> str | None:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return "page.url must be an http(s) URL with a host"
     return None
+
+
+_cached_url_issue = functools.lru_cache(maxsize=1024)(_url_issue)
 
 
 def check_event(event: AnyEvent) -> tuple[AnyEvent, list[EventIssue]]:

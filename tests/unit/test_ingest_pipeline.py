@@ -308,3 +308,21 @@ def test_gzip_bomb_aborts() -> None:
     with pytest.raises(ServiceError) as info:
         decompress_body(bomb, "gzip", "application/json")
     assert info.value.code == "payload_too_large"
+
+
+def test_spliced_server_fields_match_the_encoded_enrichment() -> None:
+    from collector.ingest.bots import BotClassifier
+    from collector.ingest.schema import BotInfo, Enrichment
+
+    bots = BotClassifier()
+    gptbot = "Mozilla/5.0 AppleWebKit/537.36 (KHTML, like Gecko); compatible; GPTBot/1.2"
+    body = {"events": [event("h"), event("b", device={"userAgent": gptbot, "viewport": {"width": 1, "height": 1}})]}
+    result = run(body, bots=bots)
+    encoder = msgspec.json.Encoder()
+    for accepted, bot in zip(result.accepted, (BotInfo(False, "human"), None), strict=True):
+        as_stored = json.loads(accepted.stored)
+        verdict = bot or BotInfo(True, as_stored["bot"]["category"], tuple(as_stored["bot"]["signals"]))
+        tail = encoder.encode(Enrichment(accepted.eid, "acme", "web", NOW, None, None, verdict))
+        assert accepted.stored.endswith(b"," + tail[1:])  # byte for byte
+    assert json.loads(result.accepted[1].stored)["bot"]["category"] == "ai_crawler"
+    assert result.accepted[1].meter is MeterKind.COVERAGE and result.accepted[0].meter is MeterKind.PAGEVIEW

@@ -1,0 +1,26 @@
+"""Interpreter settings for a serving process (not for tests or operator commands)."""
+
+from __future__ import annotations
+
+import gc
+
+# gen0 collects after this many net container allocations (CPython's default
+# is 700); gen1 and gen2 after 20 collections of the generation below.
+GC_THRESHOLDS = (20_000, 20, 20)
+
+
+def tune_gc() -> None:
+    """Fewer cyclic-GC passes, none over what start-up allocated.
+
+    Decoding a 25-event body allocates ~1,500 container objects; with the
+    default thresholds the collector ran about twice per request and, with
+    64 requests in flight, cost ~0.14 ms of a 25-event request's ~1.2 ms of
+    CPU (bench batch25: ~830 collections, 0.58 s of GC in 5 s). Reference
+    counting still frees almost everything at once; the cyclic collector
+    only has to find cycles, and a few hundred requests' worth of them can
+    wait. `gc.freeze()` moves every object alive at start-up (modules, the
+    Public Suffix List, settings) to the permanent generation, so the rare
+    full collection scans only what serving allocated.
+    """
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
