@@ -19,6 +19,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 EVENT_OUTCOMES = ("accepted", "duplicate", "rejected", "dropped")
+# Counters with one free label: name -> (help, label name)
+LABELLED = {
+    "collector_events_dropped": ("Events dropped before admission, by reason", "reason"),
+    "collector_events_bot": ("Events classified as bot traffic when admitted, by category", "category"),
+}
 
 
 class Metrics:
@@ -28,6 +33,7 @@ class Metrics:
         # (route, status) -> [count, created]; outcome -> [count, created]
         self._requests: dict[tuple[str, int], list[float]] = {}
         self._events: dict[str, list[float]] = {name: [0, created] for name in EVENT_OUTCOMES}
+        self._labelled: dict[str, dict[str, list[float]]] = {name: {} for name in LABELLED}
         self.registry.register(_CounterCollector(self))
         self.commit_seconds = Histogram(
             "collector_commit_seconds",
@@ -56,6 +62,14 @@ class Metrics:
         if amount:
             self._events[outcome][0] += amount
 
+    def count_labelled(self, name: str, label: str, amount: int = 1) -> None:
+        """Bump one of LABELLED's counters; event loop thread only."""
+        entry = self._labelled[name].get(label)
+        if entry is None:
+            self._labelled[name][label] = [amount, time.time()]
+        else:
+            entry[0] += amount
+
     def counter_families(self) -> Iterator[CounterMetricFamily]:
         requests = CounterMetricFamily(
             "collector_requests", "HTTP requests answered, by route and status", labels=["route", "status"]
@@ -71,6 +85,11 @@ class Metrics:
         for outcome, (count, created) in list(self._events.items()):
             events.add_metric([outcome], count, created=created)
         yield events
+        for name, (documentation, label_name) in LABELLED.items():
+            family = CounterMetricFamily(name, documentation, labels=[label_name])
+            for label, (count, created) in list(self._labelled[name].items()):
+                family.add_metric([label], count, created=created)
+            yield family
 
     def on_commit(self, group_size: int, seconds: float) -> None:
         """Called from the writer thread after each commit (prometheus-client is thread-safe)."""

@@ -235,6 +235,11 @@ async def _ingest(
     metrics.count_events("duplicate", duplicates)
     metrics.count_events("rejected", len(prepared.rejected))
     metrics.count_events("dropped", len(prepared.dropped))
+    for dropped in prepared.dropped:
+        metrics.count_labelled("collector_events_dropped", dropped.reason)
+    for ev, was_duplicate in zip(prepared.accepted, result.duplicate, strict=True):
+        if ev.is_bot and not was_duplicate and ev.bot_category:
+            metrics.count_labelled("collector_events_bot", ev.bot_category)
     body_out = {
         "success": True,
         "accepted": accepted,

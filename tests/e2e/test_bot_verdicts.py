@@ -74,6 +74,9 @@ async def test_verdicts_and_the_meter_they_decide(nursery: trio.Nursery, tmp_pat
         "answer": (True, "answer_engine"), "curl": (True, "tool"), "headless": (True, "automation"),
         "webdriver": (True, "automation"), "stealth": (True, "automation"),
     }
+    metrics = (await server.client.get("/metrics")).text
+    assert 'collector_events_bot_total{category="ai_crawler"} 1.0' in metrics
+    assert 'collector_events_bot_total{category="automation"} 3.0' in metrics
 
 
 async def test_request_headers_and_addresses(nursery: trio.Nursery, tmp_path: Path) -> None:

@@ -72,6 +72,9 @@ async def test_strict_consent_drops_before_any_side_effect(nursery: trio.Nursery
     assert reasons == {"no-consent": "consent_missing", "denied": "consent_denied"}
     assert response.headers["X-Service-Monthly-Used"] == "1"  # only the consented pageview counts
     assert set(await stored_events(server)) == {"granted"}
+    metrics = (await server.client.get("/metrics")).text
+    assert 'collector_events_dropped_total{reason="consent_missing"} 1.0' in metrics
+    assert 'collector_events_dropped_total{reason="consent_denied"} 1.0' in metrics
     # A non-strict property keeps events without a consent object.
     response = await server.client.post("/v1/events", json=pageview("plain"), headers=ACME)
     assert response.json()["accepted"] == 1
