@@ -7,29 +7,24 @@ one function; nothing is stored unless the admission commits.
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Awaitable, Callable
+from functools import partial
 
 import msgspec
 
-from collector.access.domains import gate
 from collector.access.gate import admit_writer
 from collector.access.signature import verify_server_signature
 from collector.access.tenants import KeyType
-from collector.errors import RawErrorBody, ServiceError, render_error
-from collector.http.access_log import log_request
-from collector.http.asgi import ClientGone, Receive, Request, Scope, Send, read_body, send_response
+from collector.errors import ServiceError
+from collector.http.asgi import Receive, Request, read_body
 from collector.http.consent_body import consent_to_event
 from collector.http.edge_body import edge_to_event
 from collector.http.headers import (
     billing_block,
-    cors_headers,
-    preflight_headers,
     refusal_body,
     refusal_headers,
     usage_headers,
 )
+from collector.http.write_route import Handler, Seen, make_write_handler
 from collector.ingest import decompress_body, prepare_batch, refuse_payment_data
 from collector.ingest.bots import request_evidence
 from collector.ingest.model import AcceptedEvent, IngestContext, MeterKind, PreparedBatch
@@ -56,11 +51,10 @@ from storage.admission import (
     MeteringUnavailable,
 )
 from storage.consent import RecordedConsent, consent_key, read_consent
-from storage.errors import StorageError, WriterBusy
+from storage.errors import StorageError
 from storage.idempotency import public_ledger_key
 from storage.writer import JobRefused
 
-log = logging.getLogger("collector.ingest")
 
 RAW_BODY_LIMIT = 10 * 1024 * 1024
 GZIP_BODY_LIMIT = 1 * 1024 * 1024
@@ -69,78 +63,14 @@ _UNIT_OF = {MeterKind.PAGEVIEW: PAGEVIEW_UNIT, MeterKind.COVERAGE: COVERAGE_UNIT
 _encoder = msgspec.json.Encoder()
 
 
-def make_ingest_handler(
-    services: Services, *, edge: bool, consent: bool = False
-) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+def make_ingest_handler(services: Services, *, edge: bool, consent: bool = False) -> Handler:
     route = "/v1/consent" if consent else "/v1/edge/pageview" if edge else "/v1/events"
-    access_log = services.settings.access_log
-
-    async def handle(scope: Scope, receive: Receive, send: Send) -> None:
-        started = time.perf_counter()
-        request = Request(scope)
-        origin = request.headers.get("origin")
-        headers = [("X-Request-ID", request.request_id), *cors_headers(origin)]
-        seen = Seen()
-        error_code: str | None = None
-        try:
-            if request.method == "OPTIONS":
-                preflight_gate(services, request)
-                await send_response(
-                    send, 204, b"", [("X-Request-ID", request.request_id), *preflight_headers(origin)]
-                )
-                services.metrics.count_request(route, 204)
-                return
-            if request.method != "POST":
-                raise ServiceError("method_not_allowed", f"{route} accepts POST only")
-            status, body = await _ingest(services, request, receive, headers, route, seen)
-        except ServiceError as error:
-            status, body, error_code = error.status, render_error(error), error.code
-            headers.extend(error.response_headers().items())
-        except RawErrorBody as raw:
-            status, body, error_code = raw.status, _encoder.encode(raw.body), "content_type"
-        except ClientGone:
-            services.metrics.count_request(route, 499)
-            return
-        except (WriterBusy, StorageError) as exc:
-            unavailable = ServiceError(
-                "storage_unavailable",
-                f"events were not stored ({exc}); retry the complete batch with the same ids",
-            )
-            status, body, error_code = unavailable.status, render_error(unavailable), unavailable.code
-            headers.extend(unavailable.response_headers().items())
-        except Exception:
-            log.exception("unexpected error on %s", route)
-            internal = ServiceError("internal_error", "the request failed unexpectedly; retry it")
-            status, body, error_code = 500, render_error(internal), internal.code
-        services.metrics.count_request(route, status)
-        await send_response(send, status, body, headers)
-        if access_log:
-            log_request(request, route, status, error_code, seen.client_id, started)
-
-    return handle
-
-
-def preflight_gate(services: Services, request: Request) -> None:
-    """A preflight carries no X-API-Key; when the URL names a key, apply its domain gate.
-
-    Without a key the preflight is answered for any origin: the request that
-    follows is gated by its key, and the collector never uses cookies.
-    """
-    query_key = request.query.get("key")
-    if not query_key:
-        return
-    record = services.keys.lookup(query_key)
-    if record is not None:
-        gate(record, request.headers.get("origin"), request.headers.get("referer"))
-
-
-class Seen:
-    """What the handler learned about the caller, for the access log."""
-
-    __slots__ = ("client_id",)
-
-    def __init__(self) -> None:
-        self.client_id: str | None = None
+    return make_write_handler(
+        services,
+        route,
+        partial(_ingest, route=route),
+        retry_hint="retry the complete batch with the same ids",
+    )
 
 
 async def _ingest(
@@ -148,8 +78,9 @@ async def _ingest(
     request: Request,
     receive: Receive,
     headers: list[tuple[str, str]],
-    route: str,
     seen: Seen,
+    *,
+    route: str,
 ) -> tuple[int, bytes]:
     hdr = request.headers
     caller = admit_writer(

@@ -8,88 +8,32 @@ disk. Chunks draw on no monthly unit, so no usage headers are sent.
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Awaitable, Callable
 
 import msgspec
 
 from collector.access.gate import admit_replay_writer
-from collector.errors import RawErrorBody, ServiceError, render_error
-from collector.http.access_log import log_request
-from collector.http.asgi import ClientGone, Receive, Request, Scope, Send, read_body, send_response
-from collector.http.headers import cors_headers, preflight_headers
-from collector.http.ingest import GZIP_BODY_LIMIT, RAW_BODY_LIMIT, Seen, preflight_gate
+from collector.errors import ServiceError
+from collector.http.asgi import Receive, Request, read_body
+from collector.http.ingest import GZIP_BODY_LIMIT, RAW_BODY_LIMIT
+from collector.http.write_route import Handler, Seen, make_write_handler
 from collector.ingest import decompress_body
 from collector.ingest.replay import prepare_replay
 from collector.limits.buckets import rate_headers, refusal
 from collector.limits.rates import bucket_id, scope_rate
 from collector.services import Services
-from storage.errors import StorageError, WriterBusy
 from storage.replay import ChunkConflict, StoreChunk, StoredChunk
 from storage.writer import JobRefused
 
-log = logging.getLogger("collector.replay")
 
 ROUTE = "/v1/replay"
 SCOPE = "ingest"  # the same request bucket as POST /v1/events
 _encoder = msgspec.json.Encoder()
 
 
-def make_replay_handler(services: Services) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
-    access_log = services.settings.access_log
-
-    async def handle(scope: Scope, receive: Receive, send: Send) -> None:
-        started = time.perf_counter()
-        request = Request(scope)
-        origin = request.headers.get("origin")
-        headers = [("X-Request-ID", request.request_id), *cors_headers(origin)]
-        seen = Seen()
-        error_code: str | None = None
-        # The same refusal mapping as the /v1/events handler.
-        try:
-            if request.method == "OPTIONS":
-                preflight_gate(services, request)
-                await send_response(
-                    send,
-                    204,
-                    b"",
-                    [("X-Request-ID", request.request_id), *preflight_headers(origin)],
-                )
-                services.metrics.count_request(ROUTE, 204)
-                return
-            if request.method != "POST":
-                raise ServiceError("method_not_allowed", f"{ROUTE} accepts POST only")
-            status, body = await _replay(services, request, receive, headers, seen)
-        except ServiceError as error:
-            status, body, error_code = error.status, render_error(error), error.code
-            headers.extend(error.response_headers().items())
-        except RawErrorBody as raw:
-            status, body, error_code = raw.status, _encoder.encode(raw.body), "content_type"
-        except ClientGone:
-            services.metrics.count_request(ROUTE, 499)
-            return
-        except (WriterBusy, StorageError) as exc:
-            unavailable = ServiceError(
-                "storage_unavailable",
-                f"the chunk was not stored ({exc}); retry it unchanged with the same seq",
-            )
-            status, body, error_code = (
-                unavailable.status,
-                render_error(unavailable),
-                unavailable.code,
-            )
-            headers.extend(unavailable.response_headers().items())
-        except Exception:
-            log.exception("unexpected error on %s", ROUTE)
-            internal = ServiceError("internal_error", "the request failed unexpectedly; retry it")
-            status, body, error_code = 500, render_error(internal), internal.code
-        services.metrics.count_request(ROUTE, status)
-        await send_response(send, status, body, headers)
-        if access_log:
-            log_request(request, ROUTE, status, error_code, seen.client_id, started)
-
-    return handle
+def make_replay_handler(services: Services) -> Handler:
+    return make_write_handler(
+        services, ROUTE, _replay, retry_hint="retry the chunk unchanged with the same seq"
+    )
 
 
 async def _replay(

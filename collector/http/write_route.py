@@ -1,0 +1,103 @@
+"""The shell every raw-ASGI write route shares: preflight, refusals, metrics, access log.
+
+A route supplies only its work, `(services, request, receive, headers, seen)
+-> (status, body)`, which raises ServiceError (or a storage error) to refuse.
+Every refusal is rendered here by one mapping, so /v1/events, /v1/edge/pageview,
+/v1/consent and /v1/replay answer alike: the spec's error body, never a
+traceback, and 503 storage_unavailable with Retry-After when storage fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import msgspec
+
+from collector.access.domains import gate
+from collector.errors import RawErrorBody, ServiceError, render_error
+from collector.http.access_log import log_request
+from collector.http.asgi import ClientGone, Receive, Request, Scope, Send, send_response
+from collector.http.headers import cors_headers, preflight_headers
+from collector.services import Services
+from storage.errors import StorageError, WriterBusy
+
+log = logging.getLogger("collector.http")
+_encoder = msgspec.json.Encoder()
+
+Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class Seen:
+    """What the handler learned about the caller, for the access log."""
+
+    __slots__ = ("client_id",)
+
+    def __init__(self) -> None:
+        self.client_id: str | None = None
+
+
+Work = Callable[
+    [Services, Request, Receive, list[tuple[str, str]], Seen], Awaitable[tuple[int, bytes]]
+]
+
+
+def preflight_gate(services: Services, request: Request) -> None:
+    """A preflight carries no X-API-Key; when the URL names a key, apply its domain gate.
+
+    Without a key the preflight is answered for any origin: the request that
+    follows is gated by its key, and the collector never uses cookies.
+    """
+    query_key = request.query.get("key")
+    if not query_key:
+        return
+    record = services.keys.lookup(query_key)
+    if record is not None:
+        gate(record, request.headers.get("origin"), request.headers.get("referer"))
+
+
+def make_write_handler(services: Services, route: str, work: Work, *, retry_hint: str) -> Handler:
+    """An ASGI handler for `route`; `retry_hint` ends the storage_unavailable message."""
+    access_log = services.settings.access_log
+
+    async def handle(scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        request = Request(scope)
+        origin = request.headers.get("origin")
+        headers = [("X-Request-ID", request.request_id), *cors_headers(origin)]
+        seen = Seen()
+        error_code: str | None = None
+        try:
+            if request.method == "OPTIONS":
+                preflight_gate(services, request)
+                await send_response(
+                    send, 204, b"", [("X-Request-ID", request.request_id), *preflight_headers(origin)]
+                )
+                services.metrics.count_request(route, 204)
+                return
+            if request.method != "POST":
+                raise ServiceError("method_not_allowed", f"{route} accepts POST only")
+            status, body = await work(services, request, receive, headers, seen)
+        except ServiceError as error:
+            status, body, error_code = error.status, render_error(error), error.code
+            headers.extend(error.response_headers().items())
+        except RawErrorBody as raw:
+            status, body, error_code = raw.status, _encoder.encode(raw.body), "content_type"
+        except ClientGone:
+            services.metrics.count_request(route, 499)
+            return
+        except (WriterBusy, StorageError) as exc:
+            unavailable = ServiceError("storage_unavailable", f"nothing was stored ({exc}); {retry_hint}")
+            status, body, error_code = unavailable.status, render_error(unavailable), unavailable.code
+            headers.extend(unavailable.response_headers().items())
+        except Exception:
+            log.exception("unexpected error on %s", route)
+            internal = ServiceError("internal_error", "the request failed unexpectedly; retry it")
+            status, body, error_code = 500, render_error(internal), internal.code
+        services.metrics.count_request(route, status)
+        await send_response(send, status, body, headers)
+        if access_log:
+            log_request(request, route, status, error_code, seen.client_id, started)
+
+    return handle
