@@ -55,7 +55,6 @@ from storage.errors import StorageError
 from storage.idempotency import public_ledger_key
 from storage.writer import JobRefused
 
-
 RAW_BODY_LIMIT = 10 * 1024 * 1024
 GZIP_BODY_LIMIT = 1 * 1024 * 1024
 UNITS = (PAGEVIEW_UNIT, COVERAGE_UNIT)

@@ -8,7 +8,6 @@ disk. Chunks draw on no monthly unit, so no usage headers are sent.
 
 from __future__ import annotations
 
-
 import msgspec
 
 from collector.access.gate import admit_replay_writer
@@ -23,7 +22,6 @@ from collector.limits.rates import bucket_id, scope_rate
 from collector.services import Services
 from storage.replay import ChunkConflict, StoreChunk, StoredChunk
 from storage.writer import JobRefused
-
 
 ROUTE = "/v1/replay"
 SCOPE = "ingest"  # the same request bucket as POST /v1/events
