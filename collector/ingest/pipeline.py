@@ -56,7 +56,8 @@ def _issue_from(error: msgspec.ValidationError) -> EventIssue:
     return EventIssue(where.rstrip("`") or "$", message)
 
 
-def _decode_json(body: bytes) -> object:
+def decode_json(body: bytes) -> object:
+    """The body as plain JSON values; invalid_json for bad JSON, bad UTF-8 or absurd nesting."""
     try:
         return _generic_decoder.decode(body)
     except msgspec.DecodeError as exc:
@@ -162,7 +163,7 @@ def _event_id(event: AnyEvent, index: int, header_key: str | None, production: b
 def refuse_payment_data(body: bytes, decoded: object | None = None) -> None:
     """Raise prohibited_payment_data when the request carries payment material anywhere."""
     if decoded is None:
-        decoded = _decode_json(body)
+        decoded = decode_json(body)
     payment = find_payment_data(body, decoded)
     if payment is not None:
         raise ServiceError(
@@ -178,7 +179,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
         raise ServiceError(
             "invalid_idempotency_key", f"Idempotency-Key is over {MAX_IDEMPOTENCY_KEY} characters"
         )
-    decoded = _decode_json(body)
+    decoded = decode_json(body)
     refuse_payment_data(body, decoded)
     events, single = _decode_events(body, decoded)
     # The server fields between "eid" and "bot", as Enrichment encodes them when

@@ -22,7 +22,7 @@ import msgspec
 import xxhash
 
 from collector.errors import ServiceError
-from collector.ingest.pipeline import refuse_payment_data
+from collector.ingest.pipeline import decode_json, refuse_payment_data
 
 MAX_CHUNK_BYTES = 1024 * 1024  # the stored records of one chunk, after decoding
 MAX_RECORDS = 10_000
@@ -49,21 +49,13 @@ class ReplayChunk(msgspec.Struct, frozen=True):
     content_hash: bytes
 
 
-_generic_decoder = msgspec.json.Decoder()
 _canonical = msgspec.json.Encoder(order="sorted")
 
 
 def prepare_replay(body: bytes) -> ReplayChunk:
     """Validate a replay body. Raises ServiceError: invalid_json, prohibited_payment_data,
     validation_error (with `details`) or payload_too_large (records over 1 MB)."""
-    try:
-        decoded = _generic_decoder.decode(body)
-    except msgspec.DecodeError as exc:
-        raise ServiceError("invalid_json", f"body is not valid JSON: {exc}") from None
-    except UnicodeDecodeError:
-        raise ServiceError("invalid_json", "body is not valid UTF-8") from None
-    except RecursionError:
-        raise ServiceError("invalid_json", "body is nested too deeply") from None
+    decoded = decode_json(body)
     refuse_payment_data(body, decoded)
     try:
         parsed = msgspec.convert(decoded, ReplayBody)
