@@ -15,7 +15,7 @@ from collector.access.gate import admit_writer
 from collector.access.signature import verify_server_signature
 from collector.access.tenants import KeyType
 from collector.errors import ServiceError
-from collector.http.asgi import Receive, Request, read_body
+from collector.http.asgi import Receive, Request
 from collector.http.consent_body import consent_to_event
 from collector.http.edge_body import edge_to_event
 from collector.http.headers import (
@@ -24,12 +24,16 @@ from collector.http.headers import (
     refusal_headers,
     usage_headers,
 )
-from collector.http.write_route import Handler, Seen, make_write_handler
+from collector.http.write_route import (
+    Handler,
+    Seen,
+    make_write_handler,
+    read_capped_body,
+    spend_request_token,
+)
 from collector.ingest import decompress_body, prepare_batch, refuse_payment_data
 from collector.ingest.bots import request_evidence
 from collector.ingest.model import AcceptedEvent, IngestContext, MeterKind, PreparedBatch
-from collector.limits.buckets import rate_headers, refusal
-from collector.limits.rates import bucket_id, scope_rate
 from collector.limits.usage import (
     COVERAGE_UNIT,
     PAGEVIEW_UNIT,
@@ -55,8 +59,6 @@ from storage.errors import StorageError
 from storage.idempotency import public_ledger_key
 from storage.writer import JobRefused
 
-RAW_BODY_LIMIT = 10 * 1024 * 1024
-GZIP_BODY_LIMIT = 1 * 1024 * 1024
 UNITS = (PAGEVIEW_UNIT, COVERAGE_UNIT)
 _UNIT_OF = {MeterKind.PAGEVIEW: PAGEVIEW_UNIT, MeterKind.COVERAGE: COVERAGE_UNIT, MeterKind.NONE: None}
 _encoder = msgspec.json.Encoder()
@@ -93,18 +95,10 @@ async def _ingest(
     record, site = caller.record, caller.site
     seen.client_id = record.clientId
     key_type = record.key_type
-    scope = "mobile:ingest" if key_type is KeyType.MOBILE else "ingest"
-    decision = services.limiter.check(
-        bucket_id(record.clientId, key_type.value, scope),
-        scope_rate(record, scope, record.site_plan(site)),
-        services.clock(),
+    spend_request_token(
+        services, record, site, "mobile:ingest" if key_type is KeyType.MOBILE else "ingest", headers
     )
-    headers.extend(rate_headers(decision, scope))
-    if not decision.allowed:
-        raise refusal(decision, scope)
-
-    gzip = "gzip" in hdr.get("content-encoding", "").lower()
-    raw = await read_body(request, receive, GZIP_BODY_LIMIT if gzip else RAW_BODY_LIMIT)
+    raw = await read_capped_body(request, receive)
     now_ms = services.now_ms()
     if key_type is KeyType.SERVER:
         verify_server_signature(

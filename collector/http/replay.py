@@ -12,13 +12,16 @@ import msgspec
 
 from collector.access.gate import admit_replay_writer
 from collector.errors import ServiceError
-from collector.http.asgi import Receive, Request, read_body
-from collector.http.ingest import GZIP_BODY_LIMIT, RAW_BODY_LIMIT
-from collector.http.write_route import Handler, Seen, make_write_handler
+from collector.http.asgi import Receive, Request
+from collector.http.write_route import (
+    Handler,
+    Seen,
+    make_write_handler,
+    read_capped_body,
+    spend_request_token,
+)
 from collector.ingest import decompress_body
 from collector.ingest.replay import prepare_replay
-from collector.limits.buckets import rate_headers, refusal
-from collector.limits.rates import bucket_id, scope_rate
 from collector.services import Services
 from storage.replay import ChunkConflict, StoreChunk, StoredChunk
 from storage.writer import JobRefused
@@ -51,17 +54,8 @@ async def _replay(
     )
     record, site = caller.record, caller.site
     seen.client_id = record.clientId
-    decision = services.limiter.check(
-        bucket_id(record.clientId, record.key_type.value, SCOPE),
-        scope_rate(record, SCOPE, record.site_plan(site)),
-        services.clock(),
-    )
-    headers.extend(rate_headers(decision, SCOPE))
-    if not decision.allowed:
-        raise refusal(decision, SCOPE)
-
-    gzip = "gzip" in hdr.get("content-encoding", "").lower()
-    raw = await read_body(request, receive, GZIP_BODY_LIMIT if gzip else RAW_BODY_LIMIT)
+    spend_request_token(services, record, site, SCOPE, headers)
+    raw = await read_capped_body(request, receive)
     body = decompress_body(raw, hdr.get("content-encoding"), hdr.get("content-type"))
     chunk = prepare_replay(body)
     job = StoreChunk(

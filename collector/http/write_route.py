@@ -16,10 +16,13 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from collector.access.domains import gate
+from collector.access.tenants import KeyRecord, Site
 from collector.errors import RawErrorBody, ServiceError, render_error
 from collector.http.access_log import log_request
-from collector.http.asgi import ClientGone, Receive, Request, Scope, Send, send_response
+from collector.http.asgi import ClientGone, Receive, Request, Scope, Send, read_body, send_response
 from collector.http.headers import cors_headers, preflight_headers
+from collector.limits.buckets import rate_headers, refusal
+from collector.limits.rates import bucket_id, scope_rate
 from collector.services import Services
 from storage.errors import StorageError, WriterBusy
 
@@ -55,6 +58,33 @@ def preflight_gate(services: Services, request: Request) -> None:
     record = services.keys.lookup(query_key)
     if record is not None:
         gate(record, request.headers.get("origin"), request.headers.get("referer"))
+
+
+RAW_BODY_LIMIT = 10 * 1024 * 1024  # spec 8.1
+GZIP_BODY_LIMIT = 1 * 1024 * 1024  # compressed bytes; inflating is capped in decompress_body
+
+
+def spend_request_token(
+    services: Services, record: KeyRecord, site: Site, scope: str, headers: list[tuple[str, str]]
+) -> None:
+    """Take one request from the caller's bucket (spec 8.2); rate_limit_exceeded when empty.
+
+    Runs before the body is read, so a refused flood costs almost nothing.
+    """
+    decision = services.limiter.check(
+        bucket_id(record.clientId, record.key_type.value, scope),
+        scope_rate(record, scope, record.site_plan(site)),
+        services.clock(),
+    )
+    headers.extend(rate_headers(decision, scope))
+    if not decision.allowed:
+        raise refusal(decision, scope)
+
+
+async def read_capped_body(request: Request, receive: Receive) -> bytes:
+    """The body as sent, refused with payload_too_large past its cap."""
+    gzip = "gzip" in request.headers.get("content-encoding", "").lower()
+    return await read_body(request, receive, GZIP_BODY_LIMIT if gzip else RAW_BODY_LIMIT)
 
 
 def make_write_handler(services: Services, route: str, work: Work, *, retry_hint: str) -> Handler:
