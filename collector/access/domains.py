@@ -129,3 +129,15 @@ def bind_site(key: KeyRecord, matched: Site | None) -> Site:
         "site_scope_ambiguous",
         "this key covers several properties and the request matches none of them",
     )
+
+
+def bind_page_site(key: KeyRecord, origin: str | None, referer: str | None, page_url: str) -> Site:
+    """Site scope without the browser gate (POST /v1/edge/pageview): match the page's host.
+
+    The host comes from Origin or Referer when the edge worker forwards them,
+    else from the pageview's own URL; no match on a key with several
+    properties is site_scope_ambiguous, as for every write (spec 5.5 rule 5).
+    """
+    host = request_host(origin, referer) or request_host(page_url, None)
+    return bind_site(key, match_site(key, host) if host else None)
+

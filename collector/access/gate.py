@@ -48,7 +48,33 @@ def admit_writer(
     signature_headers: tuple[str | None, str | None],
     scope: str = "events:write",
 ) -> Caller:
-    """Gate an ingest write (POST /v1/events, /v1/edge/pageview) up to the body."""
+    """Gate a browser-facing write (POST /v1/events, /v1/consent) up to the body."""
+    record, from_header = admit_key(
+        cache,
+        header_key=header_key,
+        query_key=query_key,
+        signature_headers=signature_headers,
+        scope=scope,
+    )
+    matched = gate(record, origin, referer)
+    site = bind_site(record, matched)
+    return Caller(record, site, from_header)
+
+
+def admit_key(
+    cache: KeyCache,
+    *,
+    header_key: str | None,
+    query_key: str | None,
+    signature_headers: tuple[str | None, str | None],
+    scope: str = "events:write",
+) -> tuple[KeyRecord, bool]:
+    """The caller's key, checked for signature headers, suspension and scope (no domain gate).
+
+    POST /v1/edge/pageview stops here: an edge worker is not a browser and
+    sends no Origin (spec 5.5 rule 1 gates browser-facing writes only), so its
+    site is bound from the page URL once the body is read (rule 5).
+    """
     record, from_header = resolve_key(cache, header_key, query_key)
     if record.key_type is KeyType.SERVER:
         timestamp, signature = signature_headers
@@ -62,9 +88,7 @@ def admit_writer(
     if record.suspended:
         raise ServiceError("account_suspended", "this account is suspended")
     require_scope(record, scope, error_code="insufficient_permission")
-    matched = gate(record, origin, referer)
-    site = bind_site(record, matched)
-    return Caller(record, site, from_header)
+    return record, from_header
 
 
 def admit_replay_writer(

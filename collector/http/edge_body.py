@@ -53,8 +53,8 @@ def decode_translated(decoder: msgspec.json.Decoder[T], body: bytes, what: str) 
         raise ServiceError("invalid_json", "body is not valid JSON") from None
 
 
-def edge_to_event(body: bytes, *, user_agent: str | None, now_ms: int) -> bytes:
-    """The pageview event body for an edge request; raises ServiceError on a bad body."""
+def edge_to_event(body: bytes, *, user_agent: str | None, now_ms: int) -> tuple[bytes, str]:
+    """The pageview event body for an edge request and its page URL; ServiceError on a bad body."""
     edge = decode_translated(_decoder, body, "edge pageview")
     page: dict[str, Any] = {"url": edge.url, "path": urlsplit(edge.url).path or "/", "title": edge.title}
     if edge.referrer:
@@ -75,4 +75,4 @@ def edge_to_event(body: bytes, *, user_agent: str | None, now_ms: int) -> bytes:
         event["_eid"] = edge.eid
     if edge.consent is not None:
         event["consent"] = edge.consent
-    return _encoder.encode(event)
+    return _encoder.encode(event), edge.url

@@ -11,9 +11,10 @@ from functools import partial
 
 import msgspec
 
-from collector.access.gate import admit_writer
+from collector.access.domains import bind_page_site
+from collector.access.gate import admit_key, admit_writer
 from collector.access.signature import verify_server_signature
-from collector.access.tenants import KeyType
+from collector.access.tenants import KeyType, Site
 from collector.errors import ServiceError
 from collector.http.asgi import Receive, Request
 from collector.http.consent_body import consent_to_event
@@ -59,13 +60,14 @@ from storage.errors import StorageError
 from storage.idempotency import public_ledger_key
 from storage.writer import JobRefused
 
+EDGE_ROUTE = "/v1/edge/pageview"
 UNITS = (PAGEVIEW_UNIT, COVERAGE_UNIT)
 _UNIT_OF = {MeterKind.PAGEVIEW: PAGEVIEW_UNIT, MeterKind.COVERAGE: COVERAGE_UNIT, MeterKind.NONE: None}
 _encoder = msgspec.json.Encoder()
 
 
 def make_ingest_handler(services: Services, *, edge: bool, consent: bool = False) -> Handler:
-    route = "/v1/consent" if consent else "/v1/edge/pageview" if edge else "/v1/events"
+    route = "/v1/consent" if consent else EDGE_ROUTE if edge else "/v1/events"
     return make_write_handler(
         services,
         route,
@@ -84,15 +86,23 @@ async def _ingest(
     route: str,
 ) -> tuple[int, bytes]:
     hdr = request.headers
-    caller = admit_writer(
-        services.keys,
-        header_key=hdr.get("x-api-key"),
-        query_key=request.query.get("key"),
-        origin=hdr.get("origin"),
-        referer=hdr.get("referer"),
-        signature_headers=(hdr.get("x-cs-timestamp"), hdr.get("x-cs-signature")),
-    )
-    record, site = caller.record, caller.site
+    header_key, query_key = hdr.get("x-api-key"), request.query.get("key")
+    signature_headers = (hdr.get("x-cs-timestamp"), hdr.get("x-cs-signature"))
+    site: Site | None = None
+    if route == EDGE_ROUTE:  # not browser-facing: the site is bound from the page URL below
+        record, _ = admit_key(
+            services.keys, header_key=header_key, query_key=query_key, signature_headers=signature_headers
+        )
+    else:
+        caller = admit_writer(
+            services.keys,
+            header_key=header_key,
+            query_key=query_key,
+            origin=hdr.get("origin"),
+            referer=hdr.get("referer"),
+            signature_headers=signature_headers,
+        )
+        record, site = caller.record, caller.site
     seen.client_id = record.clientId
     key_type = record.key_type
     spend_request_token(
@@ -113,10 +123,12 @@ async def _ingest(
     if route != "/v1/events":
         # The translations keep only known fields: scan the request as sent first.
         refuse_payment_data(body)
-        if route == "/v1/edge/pageview":
-            body = edge_to_event(body, user_agent=hdr.get("user-agent"), now_ms=now_ms)
+        if route == EDGE_ROUTE:
+            body, page_url = edge_to_event(body, user_agent=hdr.get("user-agent"), now_ms=now_ms)
+            site = bind_page_site(record, hdr.get("origin"), hdr.get("referer"), page_url)
         else:
             body = consent_to_event(body, now_ms=now_ms)
+    assert site is not None  # bound by the gate, or from the edge page above
     storage = services.storage
     client_id, site_id = record.clientId, site.siteId
 

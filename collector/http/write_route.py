@@ -65,15 +65,18 @@ GZIP_BODY_LIMIT = 1 * 1024 * 1024  # compressed bytes; inflating is capped in de
 
 
 def spend_request_token(
-    services: Services, record: KeyRecord, site: Site, scope: str, headers: list[tuple[str, str]]
+    services: Services, record: KeyRecord, site: Site | None, scope: str, headers: list[tuple[str, str]]
 ) -> None:
     """Take one request from the caller's bucket (spec 8.2); rate_limit_exceeded when empty.
 
     Runs before the body is read, so a refused flood costs almost nothing.
+    `site` (the matched property) decides only the signals-read rate; None
+    when the site is not bound yet.
     """
+    plan = record.site_plan(site) if site is not None else record.normalized_plan
     decision = services.limiter.check(
         bucket_id(record.clientId, record.key_type.value, scope),
-        scope_rate(record, scope, record.site_plan(site)),
+        scope_rate(record, scope, plan),
         services.clock(),
     )
     headers.extend(rate_headers(decision, scope))

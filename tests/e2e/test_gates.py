@@ -86,6 +86,32 @@ async def test_site_scope_binds_and_refuses_ambiguity(nursery: trio.Nursery, tmp
     assert [row["siteId"] for row in await outbox_dump(server.data_dir)] == ["shop", "main"]
 
 
+async def test_edge_pageviews_bind_by_page_url_without_the_browser_gate(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # Spec 5.5 rule 1 gates browser-facing writes; an edge worker sends no Origin, so
+    # its site is bound from the page URL (rule 5), and an unmatched URL is ambiguous.
+    server = await start_server(nursery, tmp_path, TENANTS)
+
+    async def edge(eid: str, url: str, **headers: str):
+        body = {"_eid": eid, "url": url, "visitorId": "v", "sessionId": "s", "userAgent": "Mozilla/5.0"}
+        return await server.client.post("/v1/edge/pageview", json=body, headers={"X-API-Key": MULTI, **headers})
+
+    assert (await edge("m", "https://www.multi.com/pricing")).status_code == 202
+    assert (await edge("s", "https://blog.example.co.uk/post")).status_code == 202
+    unmatched = await edge("x", "https://elsewhere.org/")
+    assert (unmatched.status_code, unmatched.json()["error"]) == (403, "site_scope_ambiguous")
+    # A forwarded Origin, when the worker sends one, decides over the URL.
+    assert (await edge("o", "https://elsewhere.org/", Origin="https://multi.com")).status_code == 202
+    single = await server.client.post(
+        "/v1/edge/pageview",
+        json={"_eid": "one", "url": "https://anything.example/", "visitorId": "v", "sessionId": "s"},
+        headers={"X-API-Key": BROWSER_KEY},
+    )
+    assert single.status_code == 202  # a single-property key binds automatically
+    assert [row["siteId"] for row in await outbox_dump(server.data_dir)] == ["main", "shop", "main", "web"]
+
+
 async def test_cors_preflight_and_exposed_headers(nursery: trio.Nursery, tmp_path: Path) -> None:
     server = await start_server(nursery, tmp_path, TENANTS)
     preflight = await server.client.options(
