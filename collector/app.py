@@ -180,6 +180,9 @@ def hypercorn_config(settings: Settings) -> HypercornConfig:
     config.keep_alive_max_requests = settings.keep_alive_max_requests
     config.backlog = settings.backlog
     config.accesslog = None  # the router writes its own structured lines
+    # No "server: hypercorn-h11" on every response: it advertises the stack and
+    # costs h11 one more header to validate per response.
+    config.include_server_header = False
     config.errorlog = logging.getLogger("hypercorn.error")
     return config
 

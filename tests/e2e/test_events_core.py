@@ -294,3 +294,9 @@ async def test_unknown_routes_and_methods_use_the_error_format(server: RunningSe
         assert response.status_code == 404 and response.json()["error"] == "not_found"
     response = await server.client.get("/v1/events")
     assert response.status_code == 405 and response.json()["error"] == "method_not_allowed"
+
+
+async def test_responses_do_not_advertise_the_server_stack(server: RunningServer) -> None:
+    response = await server.client.post("/v1/events", json=pageview("quiet"), headers=H)
+    assert response.status_code == 202 and "server" not in response.headers
+    assert "date" in response.headers  # RFC 9110: an origin server with a clock sends Date
