@@ -39,11 +39,13 @@ from collector.limits.usage import billing_period
 from collector.metrics import Metrics, gauge
 from collector.services import Services, wall_clock
 from collector.settings import Settings, SettingsError, load_cidrs
+from collector.signals.projection import VisitorProjection
 from collector.tenants_admin import import_tenants
 from storage.counters import iter_counters
 from storage.env import Storage
 from storage.outbox import last_seq
 from storage.retention import RetentionSweep, run_retention
+from storage.visitors import CURSOR as VISITORS_CURSOR
 from storage.writer import GroupCommitWriter
 
 log = logging.getLogger("collector")
@@ -131,6 +133,14 @@ def _component_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
         entries = txn.stat(services.storage.dbs.outbox)["entries"]
     yield gauge("collector_outbox_entries", "Outbox entries kept (retention removes old ones)", entries)
     yield from _meter_gauges(services)
+    if services.projection is not None:
+        projection = services.projection.statistics()
+        yield gauge("collector_visitor_projection_cursor", "Last outbox seq folded into visitors", projection.cursor)
+        yield gauge(
+            "collector_visitor_projection_lag",
+            "Committed outbox entries not yet folded into visitors",
+            services.projection.lag(),
+        )
     cache = services.keys.statistics()
     yield gauge("collector_key_cache_entries", "Key records cached", cache.entries)
     limiter = services.limiter.statistics()
@@ -214,10 +224,12 @@ async def serve(
             if settings.access_log:
                 outer.start_soon(flush_access_log)
             if worker_index == 0:  # singletons: one per environment, not one per worker
+                services.projection = VisitorProjection(services.writer)
+                await outer.start(services.projection.run)
                 sweep = RetentionSweep(
                     outbox_retention_ms=int(settings.outbox_retention_hours * 3_600_000),
                     idempotency_window_ms=int(settings.idempotency_window_hours * 3_600_000),
-                    consumers=(),  # no outbox consumers exist yet; each registers here
+                    consumers=(VISITORS_CURSOR,),  # every outbox consumer registers here
                     replay_retention_ms=int(settings.replay_retention_hours * 3_600_000),
                 )
                 await outer.start(

@@ -154,6 +154,26 @@ def cmd_audit_list(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def cmd_visitors_show(args: argparse.Namespace) -> int:
+    from storage.visitors import iter_visitors
+
+    with _storage(args) as storage:
+        for client, site, record in iter_visitors(storage, args.visitor_id, args.client):
+            row = {
+                "clientId": client,
+                "siteId": site,
+                "visitorId": args.visitor_id,
+                "bot": {"isBot": record.is_bot, "category": record.category},
+                "events": record.events,
+                "botEvents": record.bot_events,
+                "botCategories": record.categories,
+                "firstSeen": record.first_ms,
+                "lastSeen": record.last_ms,
+            }
+            print(_json.encode(row).decode())
+    return 0
+
+
 def cmd_keys_rotate_field_key(args: argparse.Namespace) -> int:
     from collector.fieldkeys import key_file_path, rotate
 
@@ -282,6 +302,14 @@ def build_parser() -> argparse.ArgumentParser:
     r_reveal.add_argument("--config", default=None, help="a TOML file (for field_key_file)")
     _data_dir_option(r_reveal)
     r_reveal.set_defaults(func=cmd_reveal)
+    visitors = commands.add_parser("visitors", help="the visitor projection").add_subparsers(
+        dest="sub", required=True
+    )
+    v_show = visitors.add_parser("show", help="a visitor's folded record and bot verdict, per site")
+    v_show.add_argument("visitor_id")
+    v_show.add_argument("--client", default=None, help="only this clientId")
+    _data_dir_option(v_show)
+    v_show.set_defaults(func=cmd_visitors_show)
     audit = commands.add_parser("audit", help="the reveal audit log").add_subparsers(dest="sub", required=True)
     a_list = audit.add_parser("list", help="every entry; exit 1 when the hash chain is broken")
     _data_dir_option(a_list)

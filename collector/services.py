@@ -13,6 +13,7 @@ from collector.ingest.sealing import FieldSealer
 from collector.limits.buckets import RateLimiter
 from collector.metrics import Metrics
 from collector.settings import Settings
+from collector.signals.projection import VisitorProjection
 from storage.env import Storage
 from storage.writer import GroupCommitWriter
 
@@ -34,6 +35,8 @@ class Services:
     proxies: TrustedProxies  # whose X-Forwarded-For names the visitor
     # Wall-clock seconds; tests pass a clock they can move (period rollover).
     clock: Callable[[], float] = field(default=wall_clock)
+    # The visitor projection, in the one process that runs it (None elsewhere).
+    projection: VisitorProjection | None = None
     # `serve --workers N`: which worker process this is (0 runs retention) and how many there are
     worker_index: int = 0
     workers: int = 1

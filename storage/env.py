@@ -23,7 +23,8 @@ from storage.migrations import MIGRATIONS
 
 FORMAT_VERSION = 1
 DB_NAMES = (
-    "meta", "keys", "idempotency", "counters", "outbox", "cursors", "replay", "consent", "audit"
+    "meta", "keys", "idempotency", "counters", "outbox", "cursors", "replay", "consent", "audit",
+    "visitors",
 )
 DEFAULT_MAP_SIZE = 64 * 1024 * 1024
 DEFAULT_MAX_MAP_SIZE = 1 << 40  # a terabyte of address space: the disk ends first
@@ -41,6 +42,7 @@ class Databases:
     replay: lmdb._Database
     consent: lmdb._Database  # clientId, siteId, visitorId -> the visitor's latest consent
     audit: lmdb._Database  # the hash-chained reveal audit log (append-only)
+    visitors: lmdb._Database  # the visitor projection: clientId, siteId, visitorId -> record
 
 
 class Storage:

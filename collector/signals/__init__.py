@@ -1,0 +1,1 @@
+"""Projections fed from the outbox: per-visitor state for signals snapshots."""

@@ -132,3 +132,34 @@ def test_a_bad_datacenter_file_stops_start_up(tmp_path: Path) -> None:
         bot_classifier(load_settings({"datacenter_cidrs_file": str(bad)}, environ={}))
     with pytest.raises(SettingsError, match="trusted_proxies"):
         trusted_proxies(load_settings({"trusted_proxies": ["10.0.0.0/33"]}, environ={}))
+
+
+async def test_visitor_verdicts_from_the_projection(nursery: trio.Nursery, tmp_path: Path) -> None:
+    from tests.helpers import run_cli
+
+    server = await started(nursery, tmp_path)
+    events = [pageview(f"c{i}", visitorId="crawler-1", device=device(GPTBOT)) for i in range(3)]
+    events += [pageview(f"p{i}", visitorId="person-1", device=device(CHROME)) for i in range(3)]
+    # One misjudged event (a platform contradiction) does not make the person a bot.
+    events.append(pageview("p-odd", visitorId="person-1", device=device(CHROME, platform="iPhone")))
+    response = await server.client.post("/v1/events", json={"events": events}, headers=WEB_HEADERS)
+    assert response.json()["accepted"] == 7
+    # The projection tails the outbox in the background: wait (bounded) until it caught up.
+    for _ in range(200):
+        if "collector_visitor_projection_lag 0.0" in (await server.client.get("/metrics")).text:
+            break
+        await trio.sleep(0.05)
+    else:
+        raise AssertionError("the visitor projection did not catch up within 10 s")
+
+    def show(visitor: str) -> dict[str, object]:
+        import json
+
+        out = run_cli("visitors", "show", visitor, "--client", "acme", data_dir=server.data_dir).stdout
+        return json.loads(out)
+
+    crawler = await trio.to_thread.run_sync(show, "crawler-1")
+    person = await trio.to_thread.run_sync(show, "person-1")
+    assert crawler["bot"] == {"isBot": True, "category": "ai_crawler"} and crawler["events"] == 3
+    assert person["bot"] == {"isBot": False, "category": "human"}
+    assert (person["events"], person["botEvents"]) == (4, 1)
