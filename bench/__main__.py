@@ -16,7 +16,8 @@ from bench.scenarios import SCENARIOS, Result, run_scenario
 from bench.server import ensure_wrk
 
 RESULTS = Path(__file__).parent / "results"
-ALL = (*SCENARIOS, "soak")
+ALL = (*SCENARIOS, "half-rate", "soak")
+PACED = ("half-rate", "soak")
 SWEEP_SCENARIOS = ("single", "batch25")
 
 
@@ -85,19 +86,30 @@ def main() -> None:
     report: dict[str, object] = {"duration": duration, "warmup": warmup, "workers": args.workers,
                                  "connections": args.connections}
     results: list[Result] = []
-    for name in [n for n in names if n != "soak"]:
+    for name in [n for n in names if n not in PACED]:
         print(f"running {name} ({duration:.0f} s after {warmup:.0f} s warm-up) ...", flush=True)
         results.append(run_scenario(name, wrk, seconds=duration, warmup=warmup,
                                     connections=args.connections, workers=args.workers))
+    batch = next((r for r in results if r.scenario == "batch25"), None)
+    if batch is None and any(name in PACED for name in names):
+        print("calibrating: batch25 for 5 s to find the maximum rate ...", flush=True)
+        batch = run_scenario("batch25", wrk, seconds=5, warmup=1, connections=args.connections,
+                             workers=args.workers)
+        report["soak_calibration"] = batch.as_dict()
+    if "half-rate" in names:
+        from bench.soak import run_soak
+
+        assert batch is not None
+        print(f"running half-rate ({duration:.0f} s at 50% of {batch.requests_per_s:.0f} req/s) ...", flush=True)
+        half, paced = run_soak(wrk, max_rps=batch.requests_per_s, seconds=duration, workers=args.workers,
+                               connections=args.connections, load_factor=0.5, scenario="half-rate")
+        results.append(half)
+        report["half_rate"] = {"target_rps": paced.target_rps, "achieved_rps": paced.achieved_rps,
+                               "p99_ms": half.p99_ms, "ok": half.p99_ms < 30.0}
     if "soak" in names:
         from bench.soak import run_soak
 
-        batch = next((r for r in results if r.scenario == "batch25"), None)
-        if batch is None:
-            print("calibrating: batch25 for 5 s to find the maximum rate ...", flush=True)
-            batch = run_scenario("batch25", wrk, seconds=5, warmup=1, connections=args.connections,
-                                 workers=args.workers)
-            report["soak_calibration"] = batch.as_dict()
+        assert batch is not None
         print(f"running soak ({args.soak_duration:.0f} s at 70% of {batch.requests_per_s:.0f} req/s) ...",
               flush=True)
         soak_result, soak = run_soak(wrk, max_rps=batch.requests_per_s, seconds=args.soak_duration,
@@ -106,6 +118,11 @@ def main() -> None:
         report["soak"] = {**soak.__dict__, "ok": soak.ok, "heap_ok": soak.heap_ok}
     report["results"] = [r.as_dict() for r in results]
     print(table(results))
+    if "half_rate" in report:
+        half_dict = report["half_rate"]
+        assert isinstance(half_dict, dict)
+        print(f"half-rate: batch25 at {half_dict['achieved_rps']} req/s (target {half_dict['target_rps']}),"
+              f" p99 {half_dict['p99_ms']} ms (target < 30 ms)")
     if "soak" in report:
         soak_dict = report["soak"]
         assert isinstance(soak_dict, dict)

@@ -68,10 +68,13 @@ def wrk_argv(wrk: str, url: str, body: Path, seconds: float, connections: int, *
              delay_ms: int | None = None) -> list[str]:
     script = LUA
     if delay_ms is not None:
-        # wrk's delay(): each connection waits this long before its next request. wrk
-        # looks for the function before init() runs, so it is written into a copy.
+        # wrk's delay(): each connection waits before its next request, uniformly 0 to
+        # twice `delay_ms` (the mean is delay_ms). A fixed delay keeps the connections
+        # in lock-step, so every request would queue behind a burst of all the others
+        # and the measured latency would be the burst's, not the paced rate's. wrk looks
+        # for the function before init() runs, so it is written into a copy.
         script = body.parent / "paced.lua"
-        script.write_text(LUA.read_text() + f"\nfunction delay() return {int(delay_ms)} end\n")
+        script.write_text(LUA.read_text() + f"\nfunction delay() return math.random(0, {2 * int(delay_ms)}) end\n")
     return [wrk, "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "10s",
             "-s", str(script), url, "--", str(body), key, ORIGIN, str(key_file or ""), mode]
 

@@ -78,9 +78,14 @@ class Soak:
 
 
 def run_soak(wrk: str, *, max_rps: float, seconds: float, workers: int = 1,
-             connections: int = 64) -> tuple[Result, Soak]:
-    """`connections` should be those max_rps was measured with: fewer cannot reach 70% of it."""
-    target = max(1.0, LOAD_FACTOR * max_rps)
+             connections: int = 64, load_factor: float = LOAD_FACTOR,
+             scenario: str = "soak") -> tuple[Result, Soak]:
+    """`connections` should be those max_rps was measured with: fewer cannot reach 70% of it.
+
+    The same paced run at another `load_factor` is the `half-rate` scenario
+    (0.5): the p99 latency at half the maximum rate.
+    """
+    target = max(1.0, load_factor * max_rps)
     warmup_s = min(30.0, max(10.0, seconds / 4)) if seconds >= 20 else seconds / 4
     with tempfile.TemporaryDirectory(prefix="bench-soak-") as tmp:
         workdir = Path(tmp)
@@ -159,7 +164,7 @@ def run_soak(wrk: str, *, max_rps: float, seconds: float, workers: int = 1,
         calibration=calibration,
     )
     result = Result(
-        scenario="soak",
+        scenario=scenario,
         connections=connections,
         requests_per_s=soak.achieved_rps,
         events_per_s=round((requests - non2xx) * 25 / duration, 1),
@@ -173,7 +178,7 @@ def run_soak(wrk: str, *, max_rps: float, seconds: float, workers: int = 1,
         non2xx=non2xx,
         socket_errors=soak.socket_errors,
         events_per_request=25,
-        note=(f"constant {soak.target_rps:.0f} req/s target (70% of batch25's max {max_rps:.0f});"
+        note=(f"constant {soak.target_rps:.0f} req/s target ({load_factor:.0%} of batch25's max {max_rps:.0f});"
               f" RSS {soak.rss_growth_pct:+.1f}% (heap {soak.rss_anon_growth_pct:+.1f}%) and fds"
               f" {soak.fd_growth:+d} after {warmup_s:.0f} s warm-up"),
         workers=workers,
