@@ -35,10 +35,7 @@ class IngestContext(msgspec.Struct, frozen=True, kw_only=True):
     now_ms: int
     idempotency_key: str | None = None  # the header value, untrimmed
     edge: bool = False  # body is a POST /v1/edge/pageview body, not an events body
-    user_agent: str | None = None  # the request's User-Agent header
     strict_consent: bool = False  # the bound property drops events without analytics consent
-    client_ip: str | None = None
-    request_headers: tuple[tuple[str, str], ...] = ()  # lower-cased names, for bot heuristics
     sealer: FieldSealer | None = None  # seals form values and raw identity fields
     # visitorId -> True when the visitor's recorded consent denies identity resolution
     identity_denial: Callable[[str], bool] | None = None

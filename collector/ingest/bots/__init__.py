@@ -8,7 +8,7 @@ bot user agents), `_agent` (coarse user-agent and platform facts),
 Wiring (the ingest pipeline)::
 
     classifier = BotClassifier(load_cidrs(path) if path else ())  # once, at start-up
-    evidence = request_evidence(dict(ctx.request_headers), ctx.client_ip, classifier)
+    evidence = request_evidence(headers, client_ip, classifier)
     verdict = classifier.classify(                         # once per event
         user_agent=device.userAgent,
         native=client_platform in ("ios", "android", "react-native", "server"),
