@@ -47,14 +47,16 @@ def admit_writer(
     referer: str | None,
     signature_headers: tuple[str | None, str | None],
     scope: str = "events:write",
+    website_only: str | None = None,
 ) -> Caller:
-    """Gate a browser-facing write (POST /v1/events, /v1/consent) up to the body."""
+    """Gate a browser-facing write (POST /v1/events, /v1/consent, /v1/replay) up to the body."""
     record, from_header = admit_key(
         cache,
         header_key=header_key,
         query_key=query_key,
         signature_headers=signature_headers,
         scope=scope,
+        website_only=website_only,
     )
     matched = gate(record, origin, referer)
     site = bind_site(record, matched)
@@ -68,14 +70,24 @@ def admit_key(
     query_key: str | None,
     signature_headers: tuple[str | None, str | None],
     scope: str = "events:write",
+    website_only: str | None = None,
 ) -> tuple[KeyRecord, bool]:
     """The caller's key, checked for signature headers, suspension and scope (no domain gate).
 
     POST /v1/edge/pageview stops here: an edge worker is not a browser and
     sends no Origin (spec 5.5 rule 1 gates browser-facing writes only), so its
     site is bound from the page URL once the body is read (rule 5).
+    `website_only` names a surface only website keys may write (for example
+    "session replay"): any other key type is refused first, with 403
+    key_type_not_allowed.
     """
     record, from_header = resolve_key(cache, header_key, query_key)
+    if website_only and record.key_type is not KeyType.BROWSER:
+        raise ServiceError(
+            "key_type_not_allowed",
+            f"{website_only} accepts website keys only, not a {record.key_type} key",
+            keyType=record.key_type.value,
+        )
     if record.key_type is KeyType.SERVER:
         timestamp, signature = signature_headers
         # Spec 5.2: a server key is accepted only in X-API-Key, with both signature headers.
@@ -89,34 +101,3 @@ def admit_key(
         raise ServiceError("account_suspended", "this account is suspended")
     require_scope(record, scope, error_code="insufficient_permission")
     return record, from_header
-
-
-def admit_replay_writer(
-    cache: KeyCache,
-    *,
-    header_key: str | None,
-    query_key: str | None,
-    origin: str | None,
-    referer: str | None,
-) -> Caller:
-    """Gate a session-replay write (POST /v1/replay): website keys only, then as /v1/events.
-
-    Replay is recorded in the browser, so a mobile or server key is refused
-    with 403 key_type_not_allowed; a website key passes the same suspension,
-    events:write scope, domain gate and site scope as an event write.
-    """
-    record, _ = resolve_key(cache, header_key, query_key)
-    if record.key_type is not KeyType.BROWSER:
-        raise ServiceError(
-            "key_type_not_allowed",
-            f"session replay accepts website keys only, not a {record.key_type} key",
-            keyType=record.key_type.value,
-        )
-    return admit_writer(
-        cache,
-        header_key=header_key,
-        query_key=query_key,
-        origin=origin,
-        referer=referer,
-        signature_headers=(None, None),
-    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from collector.access.gate import admit_replay_writer
+from collector.access.gate import admit_writer
 from collector.errors import ServiceError
 from collector.http.asgi import Receive, Request
 from collector.http.write_route import (
@@ -45,12 +45,14 @@ async def _replay(
     seen: Seen,
 ) -> tuple[int, bytes]:
     hdr = request.headers
-    caller = admit_replay_writer(
+    caller = admit_writer(
         services.keys,
         header_key=hdr.get("x-api-key"),
         query_key=request.query.get("key"),
         origin=hdr.get("origin"),
         referer=hdr.get("referer"),
+        signature_headers=(None, None),  # server keys are refused before the signature matters
+        website_only="session replay",  # recorded in the browser: 403 key_type_not_allowed otherwise
     )
     record, site = caller.record, caller.site
     seen.client_id = record.clientId

@@ -82,10 +82,11 @@ def seal_sensitive(event: AnyEvent, sealer: FieldSealer | None, client_id: str, 
     storage.
     """
     if isinstance(event, Form) and event.values:
+        if sealer is None:
+            return msgspec.structs.replace(event, values={})
         values = {
             name: sealer.seal(value, field_aad(client_id, eid, f"values.{name}"))
             for name, value in event.values.items()
-            if sealer is not None
         }
         return msgspec.structs.replace(event, values=values)
     if isinstance(event, Identify) and (event.rawEmail is not None or event.rawPhone is not None):
