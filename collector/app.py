@@ -207,8 +207,8 @@ async def serve(
     """Serve until cancelled or signalled; reports the bound URLs through task_status.
 
     With `serve --workers N` (collector/workers.py) this runs in each worker
-    process; only worker 0 runs the retention sweep (and, when they exist,
-    outbox consumers): singletons over the shared environment.
+    process; only worker 0 runs the retention sweep and the outbox consumers
+    (the visitor projection): singletons over the shared environment.
     """
     storage = open_storage(settings)
     try:

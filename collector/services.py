@@ -37,7 +37,7 @@ class Services:
     clock: Callable[[], float] = field(default=wall_clock)
     # The visitor projection, in the one process that runs it (None elsewhere).
     projection: VisitorProjection | None = None
-    # `serve --workers N`: which worker process this is (0 runs retention) and how many there are
+    # `serve --workers N`: which worker process this is (0 runs retention and the visitor projection) and how many there are
     worker_index: int = 0
     workers: int = 1
 
