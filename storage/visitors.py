@@ -88,6 +88,47 @@ class FoldResult(msgspec.Struct, frozen=True):
     more: bool  # the batch limit was hit
 
 
+class _Tally:
+    """One visitor's events within a fold batch, merged into its record once."""
+
+    __slots__ = ("first_ms", "last_ms", "events", "bot_events", "categories", "last_category")
+
+    def __init__(self, at_ms: int) -> None:
+        self.first_ms = self.last_ms = at_ms
+        self.events = self.bot_events = 0
+        self.categories: dict[str, int] = {}
+        self.last_category = ""
+
+    def add(self, at_ms: int, is_bot: bool, category: str) -> None:
+        if at_ms < self.first_ms:
+            self.first_ms = at_ms
+        if at_ms > self.last_ms:
+            self.last_ms = at_ms
+        self.events += 1
+        if is_bot:
+            self.bot_events += 1
+            self.categories[category] = self.categories.get(category, 0) + 1
+            self.last_category = category
+
+    def merge_into(self, record: VisitorRecord | None) -> VisitorRecord:
+        """The record after every tallied event, as folding them one by one would give."""
+        if record is None:
+            record = VisitorRecord(self.first_ms, self.last_ms, 0, 0, {})
+        categories = record.categories
+        if self.categories:
+            categories = dict(categories)
+            for name, count in self.categories.items():
+                categories[name] = categories.get(name, 0) + count
+        return VisitorRecord(
+            min(record.first_ms, self.first_ms),
+            max(record.last_ms, self.last_ms),
+            record.events + self.events,
+            record.bot_events + self.bot_events,
+            categories,
+            self.last_category or record.last_category,
+        )
+
+
 class FoldVisitors:
     """A write job: fold the next outbox entries into visitor records."""
 
@@ -100,33 +141,51 @@ class FoldVisitors:
         txn, dbs = ctx.txn, ctx.dbs
         raw_cursor = txn.get(CURSOR.encode(), db=dbs.cursors)
         after = int.from_bytes(raw_cursor, "big") if raw_cursor else 0
-        pending: dict[bytes, VisitorRecord | None] = {}
+        # Tally per visitor first and touch each visitor record once: a batch
+        # holds many events of few visitors, and every record built or LMDB
+        # call made here runs on the writer thread, under the GIL.
+        tallies: dict[tuple[str, str, str], _Tally] = {}
         last, read = after, 0
         rows = txn.cursor(db=dbs.outbox)
         if rows.set_range(outbox.seq_key(after + 1)):
             for key, value in rows:
-                record = outbox.decode(value)
                 last, read = int.from_bytes(key, "big"), read + 1
-                facts = _facts.decode(record.event)
-                if facts.type != "_consent_transition" and isinstance(facts.bot, dict):
-                    vkey = visitor_key(record.client_id, record.site_id, facts.visitorId)
-                    if vkey not in pending:
-                        stored = txn.get(vkey, db=dbs.visitors)
-                        pending[vkey] = _decoder.decode(stored) if stored is not None else None
-                    pending[vkey] = fold(
-                        pending[vkey],
-                        facts.receivedAt or record.committed_ms,
-                        bool(facts.bot.get("isBot")),
-                        str(facts.bot.get("category", "")),
-                    )
+                record = outbox.decode_facts(value)
+                if record.visitor_id is not None:
+                    # The admission stored the facts: no need to parse the event.
+                    counted = record.event_type != "_consent_transition"
+                    visitor, at_ms = record.visitor_id, record.committed_ms
+                    is_bot, category = record.is_bot, record.bot_category
+                else:
+                    # Written before records carried facts: parse the event itself.
+                    facts = _facts.decode(outbox.decode(value).event)
+                    counted = facts.type != "_consent_transition" and isinstance(facts.bot, dict)
+                    visitor, at_ms = facts.visitorId, facts.receivedAt or record.committed_ms
+                    is_bot = counted and bool(facts.bot.get("isBot"))
+                    category = str(facts.bot.get("category", "")) if counted else ""
+                if counted:
+                    vkey = (record.client_id, record.site_id, visitor)
+                    tally = tallies.get(vkey)
+                    if tally is None:
+                        tally = tallies[vkey] = _Tally(at_ms)
+                    tally.add(at_ms, is_bot, category)
                 if read >= self.batch:
                     break
         if read:
+            keys = [visitor_key(*vkey) for vkey in tallies]
+            stored = dict(txn.cursor(db=dbs.visitors).getmulti(keys)) if keys else {}
             txn.cursor(db=dbs.visitors).putmulti(
-                [(key, _encoder.encode(rec)) for key, rec in pending.items() if rec is not None]
+                [
+                    (key, _encoder.encode(tally.merge_into(_decode_stored(stored.get(key)))))
+                    for key, tally in zip(keys, tallies.values(), strict=True)
+                ]
             )
             txn.put(CURSOR.encode(), last.to_bytes(8, "big"), db=dbs.cursors)
         return FoldResult(read, last, read >= self.batch)
+
+
+def _decode_stored(raw: bytes | memoryview | None) -> VisitorRecord | None:
+    return _decoder.decode(raw) if raw is not None else None
 
 
 def iter_visitors(storage: Storage, visitor_id: str, client_id: str | None = None) -> Iterator[tuple[str, str, VisitorRecord]]:
