@@ -16,6 +16,7 @@ category (the latest on a tie).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import islice
 from typing import Any
 
 import msgspec
@@ -88,45 +89,28 @@ class FoldResult(msgspec.Struct, frozen=True):
     more: bool  # the batch limit was hit
 
 
-class _Tally:
-    """One visitor's events within a fold batch, merged into its record once."""
+def merge(record: VisitorRecord | None, times: list[int], bot_categories: list[str]) -> VisitorRecord:
+    """The record after more events, as folding them one by one would give (pure).
 
-    __slots__ = ("first_ms", "last_ms", "events", "bot_events", "categories", "last_category")
-
-    def __init__(self, at_ms: int) -> None:
-        self.first_ms = self.last_ms = at_ms
-        self.events = self.bot_events = 0
-        self.categories: dict[str, int] = {}
-        self.last_category = ""
-
-    def add(self, at_ms: int, is_bot: bool, category: str) -> None:
-        if at_ms < self.first_ms:
-            self.first_ms = at_ms
-        if at_ms > self.last_ms:
-            self.last_ms = at_ms
-        self.events += 1
-        if is_bot:
-            self.bot_events += 1
-            self.categories[category] = self.categories.get(category, 0) + 1
-            self.last_category = category
-
-    def merge_into(self, record: VisitorRecord | None) -> VisitorRecord:
-        """The record after every tallied event, as folding them one by one would give."""
-        if record is None:
-            record = VisitorRecord(self.first_ms, self.last_ms, 0, 0, {})
-        categories = record.categories
-        if self.categories:
-            categories = dict(categories)
-            for name, count in self.categories.items():
-                categories[name] = categories.get(name, 0) + count
-        return VisitorRecord(
-            min(record.first_ms, self.first_ms),
-            max(record.last_ms, self.last_ms),
-            record.events + self.events,
-            record.bot_events + self.bot_events,
-            categories,
-            self.last_category or record.last_category,
-        )
+    `times` holds every event's time, `bot_categories` the category of each
+    bot event among them, both in commit order.
+    """
+    first, last = min(times), max(times)
+    if record is None:
+        record = VisitorRecord(first, last, 0, 0, {})
+    categories = record.categories
+    if bot_categories:
+        categories = dict(categories)
+        for name in bot_categories:
+            categories[name] = categories.get(name, 0) + 1
+    return VisitorRecord(
+        min(record.first_ms, first),
+        max(record.last_ms, last),
+        record.events + len(times),
+        record.bot_events + len(bot_categories),
+        categories,
+        bot_categories[-1] if bot_categories else record.last_category,
+    )
 
 
 class FoldVisitors:
@@ -141,43 +125,44 @@ class FoldVisitors:
         txn, dbs = ctx.txn, ctx.dbs
         raw_cursor = txn.get(CURSOR.encode(), db=dbs.cursors)
         after = int.from_bytes(raw_cursor, "big") if raw_cursor else 0
-        # Tally per visitor first and touch each visitor record once: a batch
-        # holds many events of few visitors, and every record built or LMDB
+        # Gather per visitor first and touch each visitor record once: a batch
+        # holds many events of few visitors, and every object built or LMDB
         # call made here runs on the writer thread, under the GIL.
-        tallies: dict[tuple[str, str, str], _Tally] = {}
-        last, read = after, 0
+        seen: dict[tuple[str, str, str], tuple[list[int], list[str]]] = {}
+        read, last_key = 0, None
         rows = txn.cursor(db=dbs.outbox)
         if rows.set_range(outbox.seq_key(after + 1)):
-            for key, value in rows:
-                last, read = int.from_bytes(key, "big"), read + 1
+            for key, value in islice(rows, self.batch):
+                read, last_key = read + 1, key
                 record = outbox.decode_facts(value)
                 if record.visitor_id is not None:
                     # The admission stored the facts: no need to parse the event.
-                    counted = record.event_type != "_consent_transition"
+                    if record.event_type == "_consent_transition":
+                        continue
                     visitor, at_ms = record.visitor_id, record.committed_ms
                     is_bot, category = record.is_bot, record.bot_category
                 else:
                     # Written before records carried facts: parse the event itself.
                     facts = _facts.decode(outbox.decode(value).event)
-                    counted = facts.type != "_consent_transition" and isinstance(facts.bot, dict)
+                    if facts.type == "_consent_transition" or not isinstance(facts.bot, dict):
+                        continue
                     visitor, at_ms = facts.visitorId, facts.receivedAt or record.committed_ms
-                    is_bot = counted and bool(facts.bot.get("isBot"))
-                    category = str(facts.bot.get("category", "")) if counted else ""
-                if counted:
-                    vkey = (record.client_id, record.site_id, visitor)
-                    tally = tallies.get(vkey)
-                    if tally is None:
-                        tally = tallies[vkey] = _Tally(at_ms)
-                    tally.add(at_ms, is_bot, category)
-                if read >= self.batch:
-                    break
+                    is_bot, category = bool(facts.bot.get("isBot")), str(facts.bot.get("category", ""))
+                vkey = (record.client_id, record.site_id, visitor)
+                entry = seen.get(vkey)
+                if entry is None:
+                    entry = seen[vkey] = ([], [])
+                entry[0].append(at_ms)
+                if is_bot:
+                    entry[1].append(category)
+        last = int.from_bytes(last_key, "big") if last_key is not None else after
         if read:
-            keys = [visitor_key(*vkey) for vkey in tallies]
+            keys = [visitor_key(*vkey) for vkey in seen]
             stored = dict(txn.cursor(db=dbs.visitors).getmulti(keys)) if keys else {}
             txn.cursor(db=dbs.visitors).putmulti(
                 [
-                    (key, _encoder.encode(tally.merge_into(_decode_stored(stored.get(key)))))
-                    for key, tally in zip(keys, tallies.values(), strict=True)
+                    (key, _encoder.encode(merge(_decode_stored(stored.get(key)), times, bots)))
+                    for key, (times, bots) in zip(keys, seen.values(), strict=True)
                 ]
             )
             txn.put(CURSOR.encode(), last.to_bytes(8, "big"), db=dbs.cursors)

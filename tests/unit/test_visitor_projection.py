@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from storage import outbox
 from storage.admission import Admission, Candidate
 from storage.env import Storage
-from storage.visitors import CURSOR, FoldVisitors, VisitorRecord, _Tally, fold, iter_visitors
+from storage.visitors import CURSOR, FoldVisitors, VisitorRecord, fold, iter_visitors, merge
 from storage.writer import WriteContext, run_job_now
 
 
@@ -152,11 +152,10 @@ def _fold_each(record: VisitorRecord | None, events: list[tuple[int, bool, str]]
 
 
 @given(earlier=st.one_of(st.just([]), verdicts), batch=verdicts)
-def test_a_tally_merges_like_folding_one_event_at_a_time(
+def test_merging_a_batch_equals_folding_one_event_at_a_time(
     earlier: list[tuple[int, bool, str]], batch: list[tuple[int, bool, str]]
 ) -> None:
     stored = _fold_each(None, earlier)
-    tally = _Tally(batch[0][0])
-    for at_ms, is_bot, category in batch:
-        tally.add(at_ms, is_bot, category)
-    assert tally.merge_into(stored) == _fold_each(stored, batch)
+    times = [at_ms for at_ms, _, _ in batch]
+    bots = [category for _, is_bot, category in batch if is_bot]
+    assert merge(stored, times, bots) == _fold_each(stored, batch)
