@@ -4,7 +4,10 @@
 cursor: it folds up to `batch` committed events into their visitors'
 records and advances the cursor in the same transaction, so a crash replays
 the batch and never counts an event twice. Retention keeps outbox entries
-until this cursor has passed them.
+until this cursor has passed them. It reads the facts the admission stored
+in each record (an event's time is then its commit time) and parses the
+event only for records written before records carried facts (its
+`receivedAt`).
 
 A visitor's bot verdict is the majority of its events' verdicts
 (`_consent_transition` events carry none and are not counted): one
