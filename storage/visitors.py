@@ -70,7 +70,7 @@ def visitor_key(client_id: str, site_id: str, visitor_id: str) -> bytes:
 
 
 def fold(record: VisitorRecord | None, at_ms: int, is_bot: bool, category: str) -> VisitorRecord:
-    """The record after one more event with the given verdict (pure)."""
+    """The record after one more event with the given verdict (pure; `merge` must agree)."""
     if record is None:
         record = VisitorRecord(at_ms, at_ms, 0, 0, {})
     categories = record.categories

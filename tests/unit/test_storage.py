@@ -223,3 +223,8 @@ def test_records_without_facts_read_as_before(tmp_path: Path) -> None:
     [(_, record)] = outbox.iter_outbox(storage)
     assert record.visitor_id is None  # the candidate gave no facts: consumers parse the event
     storage.close()
+
+
+def test_the_facts_view_mirrors_the_outbox_record() -> None:
+    # decode_facts reads records positionally: its fields must stay OutboxRecord's
+    assert outbox.RecordFacts.__struct_fields__ == outbox.OutboxRecord.__struct_fields__
