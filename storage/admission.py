@@ -21,6 +21,12 @@ class Candidate(msgspec.Struct, frozen=True):
     content_hash: bytes
     stored: bytes
     unit: str | None  # the counter kind it draws on, None for none
+    # Facts of the stored event, kept beside it in the outbox record so that
+    # consumers need not parse it. visitor_id None: unknown, consumers parse.
+    visitor_id: str | None = None
+    event_type: str = ""
+    is_bot: bool = False
+    bot_category: str = ""
     # A consent transition also records the visitor's latest state (newest wins).
     consent_key: bytes | None = None
     consent_state: consent.RecordedConsent | None = None
@@ -88,39 +94,43 @@ class Admission:
         self.units = units  # every unit kind the budget looks at
 
     def run(self, ctx: WriteContext) -> AdmissionResult:
+        # Runs on the writer thread under the GIL the event loop needs: per
+        # event, as few Python objects and calls as the rules allow.
         txn, dbs, now_ms = ctx.txn, ctx.dbs, ctx.now_ms
-        count = len(self.candidates)
+        candidates = self.candidates
+        count = len(candidates)
         receipts: list[str | None] = [None] * count
         duplicate = [False] * count
         first_in_batch: dict[bytes, int] = {}
         new: list[int] = []
-        keys = [idempotency.ledger_key(self.client_id, cand.eid) for cand in self.candidates]
+        keys = idempotency.ledger_keys(self.client_id, [cand.eid for cand in candidates])
         # One C call for every lookup: py-lmdb releases the GIL per call, and
         # each reacquisition waits on the busy event loop.
         known = dict(txn.cursor(db=dbs.idempotency).getmulti(keys))
-        for index, cand in enumerate(self.candidates):
+        for index, cand in enumerate(candidates):
             key = keys[index]
             earlier = first_in_batch.get(key)
             if earlier is not None:
-                if self.candidates[earlier].content_hash != cand.content_hash:
+                if candidates[earlier].content_hash != cand.content_hash:
                     raise JobRefused(Conflict(cand.eid, index))
                 duplicate[index] = True
                 continue
             first_in_batch[key] = index
-            raw = known.get(key)
-            if raw is not None:
-                record = idempotency.decode(raw)
-                if idempotency.live(record, now_ms, self.window_ms):
-                    if record.content_hash != cand.content_hash:
-                        raise JobRefused(Conflict(cand.eid, index))
-                    receipts[index] = record.receipt_id
-                    duplicate[index] = True
-                    continue
+            if known:
+                raw = known.get(key)
+                if raw is not None:
+                    record = idempotency.decode(raw)
+                    if idempotency.live(record, now_ms, self.window_ms):
+                        if record.content_hash != cand.content_hash:
+                            raise JobRefused(Conflict(cand.eid, index))
+                        receipts[index] = record.receipt_id
+                        duplicate[index] = True
+                        continue
             new.append(index)
 
         added = dict.fromkeys(self.units, 0)
         for index in new:
-            unit = self.candidates[index].unit
+            unit = candidates[index].unit
             if unit is not None:
                 added[unit] += 1
         counter_keys = {
@@ -138,45 +148,49 @@ class Admission:
 
         # Decided: from here on, only writes.
         if new:
-            first_seq = ctx.allocate_seqs(len(new))
-            node_id = ctx.storage.node_id
+            seq = ctx.allocate_seqs(len(new))
+            receipt_format = outbox.receipt_format(ctx.storage.node_id)
+            client_id, site_id, key_type = self.client_id, self.site_id, self.key_type
+            encode_record, encode_ledger = outbox.encode_fields, idempotency.encode_fields
             outbox_rows = []
             ledger_rows = []
-            for offset, index in enumerate(new):
-                cand = self.candidates[index]
-                seq = first_seq + offset
-                receipt = outbox.receipt_id(node_id, seq)
+            consents = []
+            for index in new:
+                cand = candidates[index]
+                receipt = receipt_format % seq
                 receipts[index] = receipt
+                # Tuples in the field order of OutboxRecord / IdempotencyRecord.
                 outbox_rows.append(
                     (
-                        outbox.seq_key(seq),
-                        outbox.encode(
-                            outbox.OutboxRecord(
+                        seq.to_bytes(8, "big"),
+                        encode_record(
+                            (
                                 receipt,
-                                self.client_id,
-                                self.site_id,
+                                client_id,
+                                site_id,
                                 cand.eid,
                                 now_ms,
-                                self.key_type,
+                                key_type,
                                 cand.stored,
+                                cand.visitor_id,
+                                cand.event_type,
+                                cand.is_bot,
+                                cand.bot_category,
                             )
                         ),
                     )
                 )
                 ledger_rows.append(
-                    (
-                        keys[index],
-                        idempotency.encode(
-                            idempotency.IdempotencyRecord(cand.content_hash, receipt, now_ms)
-                        ),
-                    )
+                    (keys[index], encode_ledger((cand.content_hash, receipt, now_ms)))
                 )
+                if cand.consent_key is not None:
+                    consents.append(cand)
+                seq += 1
             # Few C-level calls instead of one put per row: py-lmdb releases the
             # GIL on each call, which is slow while the event loop is busy.
             txn.cursor(db=dbs.outbox).putmulti(outbox_rows, append=True)
             txn.cursor(db=dbs.idempotency).putmulti(ledger_rows)
-            for index in new:
-                cand = self.candidates[index]
+            for cand in consents:
                 if cand.consent_key is not None and cand.consent_state is not None:
                     stored_state = txn.get(cand.consent_key, db=dbs.consent)
                     if consent.newer(cand.consent_state, stored_state):

@@ -57,6 +57,7 @@ class _StoredFacts(msgspec.Struct):
     type: str | None = None
     receivedAt: int | float | None = None  # the request time the meter used for the period
     bot: Any = None
+    visitorId: str | None = None
 
 
 _facts_decoder = msgspec.json.Decoder(_StoredFacts)
@@ -76,6 +77,15 @@ def unit_of(facts: _StoredFacts) -> str | None:
         return None
     is_bot = isinstance(facts.bot, dict) and bool(facts.bot.get("isBot"))
     return "pageview" if facts.type == "pageview" and not is_bot else "coverage"
+
+
+def _record_facts(record: outbox.OutboxRecord) -> tuple[object, ...]:
+    return (record.visitor_id, record.event_type, record.is_bot, record.bot_category)
+
+
+def _event_facts(facts: _StoredFacts) -> tuple[object, ...]:
+    bot = facts.bot if isinstance(facts.bot, dict) else {}
+    return (facts.visitorId, facts.type, bool(bot.get("isBot")), bot.get("category", ""))
 
 
 class _Checker:
@@ -128,6 +138,12 @@ class _Checker:
             return
         if receipt_seq(record.receipt_id) != seq:
             self.problem(f"outbox seq {seq} carries receipt {record.receipt_id} of another seq")
+        if record.visitor_id is not None and _record_facts(record) != _event_facts(facts):
+            # consumers trust the record's facts instead of parsing the event
+            self.problem(
+                f"outbox seq {seq} carries facts {_record_facts(record)} that disagree with its"
+                f" event {_event_facts(facts)}"
+            )
         unit = unit_of(facts)
         if unit is not None:
             ms = facts.receivedAt if facts.receivedAt is not None else record.committed_ms

@@ -6,6 +6,9 @@ window is admitted again; retention removes such records in the background.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import Any
+
 import msgspec
 
 
@@ -23,6 +26,12 @@ def ledger_key(client_id: str, eid: str) -> bytes:
     return f"{client_id}\x00{eid}".encode()
 
 
+def ledger_keys(client_id: str, eids: Iterable[str]) -> list[bytes]:
+    """ledger_key for many ids of one client."""
+    prefix = client_id + "\x00"
+    return [(prefix + eid).encode() for eid in eids]
+
+
 def public_ledger_key(client_id: str, eid: str) -> str:
     """The form reported in `ledgerKeys` of the 202 body."""
     return f"{client_id}/{eid}"
@@ -30,6 +39,10 @@ def public_ledger_key(client_id: str, eid: str) -> str:
 
 def encode(record: IdempotencyRecord) -> bytes:
     return _encoder.encode(record)
+
+
+# A tuple of IdempotencyRecord's fields, in order, encodes to the same bytes.
+encode_fields: Callable[[tuple[Any, ...]], bytes] = _encoder.encode
 
 
 def decode(raw: bytes | memoryview) -> IdempotencyRecord:

@@ -7,7 +7,8 @@ admitting transaction, so several processes can append safely.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import msgspec
 
@@ -25,10 +26,34 @@ class OutboxRecord(msgspec.Struct, array_like=True, frozen=True):
     committed_ms: int
     key_type: str
     event: bytes  # the enriched event JSON as stored
+    # Appended later (stored records grow only at the end): the few facts of the
+    # event that consumers need, so that they do not JSON-parse every event.
+    # Records written before carry none (visitor_id is None): read the event.
+    visitor_id: str | None = None
+    event_type: str = ""
+    is_bot: bool = False
+    bot_category: str = ""  # "human" when not a bot
+
+
+class RecordFacts(msgspec.Struct, array_like=True, frozen=True):
+    """An OutboxRecord decoded for its facts: `event` stays a view, not a copy."""
+
+    receipt_id: str
+    client_id: str
+    site_id: str
+    eid: str
+    committed_ms: int
+    key_type: str
+    event: msgspec.Raw
+    visitor_id: str | None = None
+    event_type: str = ""
+    is_bot: bool = False
+    bot_category: str = ""
 
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(OutboxRecord)
+_facts_decoder = msgspec.msgpack.Decoder(RecordFacts)
 
 
 def seq_key(seq: int) -> bytes:
@@ -39,12 +64,27 @@ def encode(record: OutboxRecord) -> bytes:
     return _encoder.encode(record)
 
 
+# The admission encodes a tuple of OutboxRecord's fields, in order: the same
+# bytes (array_like), without building a Struct per event on the writer thread.
+encode_fields: Callable[[tuple[Any, ...]], bytes] = _encoder.encode
+
+
 def decode(raw: bytes | memoryview) -> OutboxRecord:
     return _decoder.decode(raw)
 
 
+def decode_facts(raw: bytes | memoryview) -> RecordFacts:
+    """The record without copying its event (consumers that need only the facts)."""
+    return _facts_decoder.decode(raw)
+
+
 def receipt_id(node_id: str, seq: int) -> str:
     return f"rcpt_{node_id}{seq:012x}"
+
+
+def receipt_format(node_id: str) -> str:
+    """A %-format giving receipt_id(node_id, seq) for `fmt % seq` (one node, many seqs)."""
+    return "rcpt_" + node_id.replace("%", "%%") + "%012x"
 
 
 _RECEIPT_DIGITS = 12  # receipt ids end with the seq as 12 hex digits

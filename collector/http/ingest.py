@@ -252,13 +252,15 @@ async def _admit(
 
 def _candidate(client_id: str, site_id: str, ev: AcceptedEvent) -> Candidate:
     state = ev.consent_state
+    facts = (ev.visitor_id, ev.event_type, ev.is_bot, ev.bot_category or "")  # for outbox consumers
     if state is None:
-        return Candidate(ev.eid, ev.content_hash, ev.stored, _UNIT_OF[ev.meter])
+        return Candidate(ev.eid, ev.content_hash, ev.stored, _UNIT_OF[ev.meter], *facts)
     return Candidate(
         ev.eid,
         ev.content_hash,
         ev.stored,
         _UNIT_OF[ev.meter],
+        *facts,
         consent_key=consent_key(client_id, site_id, state.visitor_id),
         consent_state=RecordedConsent(
             state.at_ms, state.analytics, state.identityResolution, state.thirdPartySharing, state.eid

@@ -55,6 +55,7 @@ class AcceptedEvent(msgspec.Struct, frozen=True):
     is_bot: bool = False
     bot_category: str | None = None
     consent_state: ConsentState | None = None  # set for _consent_transition events
+    visitor_id: str = ""
 
 
 class EventIssue(msgspec.Struct, frozen=True):

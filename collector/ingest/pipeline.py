@@ -255,6 +255,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
                 is_bot=bot.isBot,
                 bot_category=bot.category,
                 consent_state=state_of(event, eid) if isinstance(event, ConsentTransition) else None,
+                visitor_id=to_store.visitorId,
             )
         )
     if missing_ids:

@@ -6,6 +6,7 @@ import calendar
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from storage import counters, idempotency, outbox
@@ -253,3 +254,18 @@ def test_problems_are_capped_and_counted(storage: Storage) -> None:
         put_raw(storage, "outbox", outbox.seq_key(seq), b"\xc1")
     report = check(storage, max_problems=4)
     assert len(report.problems) == 4 and report.problems_omitted == 4
+
+
+def test_outbox_facts_that_disagree_with_the_event(storage: Storage) -> None:
+    with storage.read() as txn:
+        record = outbox.decode(txn.get(outbox.seq_key(2), db=storage.dbs.outbox))
+    assert check(storage).ok  # facts-less records (the fixture's) are not compared
+    event = json.loads(record.event)
+    agreeing = msgspec.structs.replace(record, visitor_id=event["visitorId"], event_type=event["type"],
+                                       is_bot=False, bot_category="")
+    put_raw(storage, "outbox", outbox.seq_key(2), outbox.encode(agreeing))
+    assert check(storage).ok
+    lying = msgspec.structs.replace(agreeing, visitor_id="someone-else")
+    put_raw(storage, "outbox", outbox.seq_key(2), outbox.encode(lying))
+    [problem] = check(storage).problems
+    assert problem.startswith("outbox seq 2 carries facts ('someone-else', 'pageview', False, '')")

@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from storage import counters, outbox
+from storage import counters, idempotency, outbox
 from storage.admission import Admission, AdmissionResult, Candidate, Conflict
 from storage.env import FORMAT_VERSION, Storage
 from storage.errors import FormatError, WriterBusy
@@ -202,3 +202,29 @@ def test_format_0_directory_is_migrated(tmp_path: Path) -> None:
         assert txn.get(b"cs_live_old0000000", db=storage.dbs.keys) is not None
     result = run_job_now(storage, admission(["after-migration"]))
     assert result.receipt_ids[0].startswith("rcpt_" + storage.node_id)
+
+
+def test_admission_encodings_match_the_record_structs() -> None:
+    # Admission encodes field tuples and formats receipts per request; the
+    # bytes must be those the Structs and receipt_id give.
+    fields = ("rcpt_ab000000000001", "acme", "web", "e1", 123, "browser", b"{}", "v1", "click", True, "tool")
+    assert outbox.encode_fields(fields) == outbox.encode(outbox.OutboxRecord(*fields))
+    ledger = (b"h" * 16, "rcpt_ab000000000001", 123)
+    assert idempotency.encode_fields(ledger) == idempotency.encode(idempotency.IdempotencyRecord(*ledger))
+    for node in ("ab12cd34", "odd%node"):
+        assert outbox.receipt_format(node) % 0x1F == outbox.receipt_id(node, 0x1F)
+    assert idempotency.ledger_keys("acme", ["a", "b"]) == [
+        idempotency.ledger_key("acme", "a"), idempotency.ledger_key("acme", "b")]
+
+
+def test_records_without_facts_read_as_before(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    run_job_now(storage, admission(["a"]))
+    [(_, record)] = outbox.iter_outbox(storage)
+    assert record.visitor_id is None  # the candidate gave no facts: consumers parse the event
+    storage.close()
+
+
+def test_the_facts_view_mirrors_the_outbox_record() -> None:
+    # decode_facts reads records positionally: its fields must stay OutboxRecord's
+    assert outbox.RecordFacts.__struct_fields__ == outbox.OutboxRecord.__struct_fields__

@@ -5,10 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
+from hypothesis import given
+from hypothesis import strategies as st
+
 from storage import outbox
+from storage.admission import Admission, Candidate
 from storage.env import Storage
-from storage.visitors import CURSOR, FoldVisitors, fold, iter_visitors
-from storage.writer import WriteContext
+from storage.visitors import CURSOR, FoldVisitors, VisitorRecord, fold, iter_visitors, merge
+from storage.writer import WriteContext, run_job_now
 
 
 def test_fold_takes_the_majority_and_the_most_frequent_category() -> None:
@@ -63,3 +68,94 @@ def test_fold_job_resumes_from_its_cursor_and_skips_consent(tmp_path: Path) -> N
         assert list(iter_visitors(storage, "person", "other")) == []
     finally:
         storage.close()
+
+
+def _admit(storage: Storage, events: list[tuple[str, str, str, bool, str]], now_ms: int) -> None:
+    """Admit (eid, visitor, type, is_bot, category) events with their facts, as the pipeline does."""
+    candidates = []
+    for eid, visitor, event_type, is_bot, category in events:
+        stored = json.dumps(
+            {"type": event_type, "visitorId": visitor, "receivedAt": now_ms - 3,
+             "bot": {"isBot": is_bot, "category": category}}
+        ).encode()
+        candidates.append(
+            Candidate(eid, eid.encode().ljust(16, b"#"), stored, None, visitor, event_type, is_bot, category)
+        )
+    job = Admission(client_id="acme", site_id="web", key_type="browser", account="acme", period="2026-11",
+                    candidates=candidates, window_ms=86_400_000, budget=lambda used, added: None,
+                    units=("pageview", "coverage"))
+    run_job_now(storage, job, now_ms=now_ms)
+
+
+def _append_old_format(storage: Storage, seq: int, visitor: str, bot: dict[str, object]) -> None:
+    """A record exactly as written before records carried facts: a 7-element array."""
+    event = json.dumps({"type": "click", "visitorId": visitor, "receivedAt": 500 + seq, "bot": bot}).encode()
+    raw = msgspec.msgpack.encode((f"rcpt_x{seq:012x}", "acme", "web", f"old{seq}", 900 + seq, "browser", event))
+    assert outbox.decode(raw).visitor_id is None  # what the fold sees for an old record
+    with storage.env.begin(write=True) as txn:
+        txn.put(outbox.seq_key(seq), raw, db=storage.dbs.outbox)
+        txn.put(outbox.NEXT_SEQ, (seq + 1).to_bytes(8, "big"), db=storage.dbs.meta)
+
+
+def test_old_records_fold_from_their_event_and_new_ones_from_their_facts(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    try:
+        _append_old_format(storage, 1, "crawler", {"isBot": True, "category": "tool"})
+        _append_old_format(storage, 2, "person", {"isBot": False, "category": "human"})
+        _admit(storage, [("n1", "crawler", "pageview", True, "ai_crawler"),
+                         ("n2", "crawler", "click", True, "ai_crawler"),
+                         ("n3", "person", "_consent_transition", False, "human"),
+                         ("n4", "person", "scroll", False, "human")], now_ms=5000)
+        with storage.read() as txn:
+            facts = outbox.decode(txn.get(outbox.seq_key(3), db=storage.dbs.outbox))
+        assert (facts.visitor_id, facts.event_type, facts.is_bot, facts.bot_category) == (
+            "crawler", "pageview", True, "ai_crawler")
+        result = _fold(storage, batch=100)
+        assert (result.folded, result.cursor, result.more) == (6, 6, False)
+        [(_, _, crawler)] = iter_visitors(storage, "crawler")
+        # old: receivedAt of the event; new: the commit time the record carries
+        assert (crawler.first_ms, crawler.last_ms, crawler.events, crawler.bot_events) == (501, 5000, 3, 3)
+        assert crawler.categories == {"tool": 1, "ai_crawler": 2} and crawler.category == "ai_crawler"
+        [(_, _, person)] = iter_visitors(storage, "person")
+        assert (person.events, person.bot_events, person.is_bot) == (2, 0, False)  # consent not counted
+    finally:
+        storage.close()
+
+
+def test_facts_are_trusted_without_parsing_the_event(tmp_path: Path) -> None:
+    # The fold reads the record's facts, not the event: an event that does not
+    # even parse still folds (check reports facts that disagree with the event).
+    storage = Storage(tmp_path)
+    try:
+        raw = outbox.encode(outbox.OutboxRecord("rcpt_x000000000001", "acme", "web", "e1", 7, "browser",
+                                                b"not json", "v1", "click", True, "tool"))
+        with storage.env.begin(write=True) as txn:
+            txn.put(outbox.seq_key(1), raw, db=storage.dbs.outbox)
+            txn.put(outbox.NEXT_SEQ, (2).to_bytes(8, "big"), db=storage.dbs.meta)
+        assert _fold(storage, batch=10).folded == 1
+        [(_, _, record)] = iter_visitors(storage, "v1")
+        assert record.is_bot and record.category == "tool" and record.first_ms == 7
+    finally:
+        storage.close()
+
+
+verdicts = st.lists(
+    st.tuples(st.integers(0, 50), st.booleans(), st.sampled_from(["tool", "crawler", "ai_crawler"])),
+    min_size=1, max_size=12,
+)
+
+
+def _fold_each(record: VisitorRecord | None, events: list[tuple[int, bool, str]]) -> VisitorRecord | None:
+    for at_ms, is_bot, category in events:
+        record = fold(record, at_ms, is_bot, category)
+    return record
+
+
+@given(earlier=st.one_of(st.just([]), verdicts), batch=verdicts)
+def test_merging_a_batch_equals_folding_one_event_at_a_time(
+    earlier: list[tuple[int, bool, str]], batch: list[tuple[int, bool, str]]
+) -> None:
+    stored = _fold_each(None, earlier)
+    times = [at_ms for at_ms, _, _ in batch]
+    bots = [category for _, is_bot, category in batch if is_bot]
+    assert merge(stored, times, bots) == _fold_each(stored, batch)
