@@ -141,6 +141,11 @@ def _component_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
             "Committed outbox entries not yet folded into visitors",
             services.projection.lag(),
         )
+        yield gauge(
+            "collector_visitor_projection_passes",
+            "Fold jobs the visitor projection committed (each counts as a writer job)",
+            projection.passes,
+        )
     cache = services.keys.statistics()
     yield gauge("collector_key_cache_entries", "Key records cached", cache.entries)
     limiter = services.limiter.statistics()

@@ -28,6 +28,7 @@ class ProjectionStatistics(msgspec.Struct, frozen=True):
     cursor: int
     folded: int
     failures: int
+    passes: int  # fold jobs committed (each is one writer job)
 
 
 class VisitorProjection:
@@ -38,9 +39,10 @@ class VisitorProjection:
         self._cursor = get_cursor(writer.storage, CURSOR)
         self._folded = 0
         self._failures = 0
+        self._passes = 0
 
     def statistics(self) -> ProjectionStatistics:
-        return ProjectionStatistics(self._cursor, self._folded, self._failures)
+        return ProjectionStatistics(self._cursor, self._folded, self._failures, self._passes)
 
     def lag(self) -> int:
         """Committed outbox entries the projection has not folded yet."""
@@ -60,5 +62,6 @@ class VisitorProjection:
                 await trio.sleep(max(self.idle_s, 1.0))
                 continue
             self._cursor, self._folded = result.cursor, self._folded + result.folded
+            self._passes += 1
             if not result.more:
                 await trio.sleep(self.idle_s)

@@ -85,9 +85,13 @@ async def test_metrics_show_group_commit_and_meters(nursery: trio.Nursery, tmp_p
         for line in text.splitlines()
         if line and not line.startswith("#")
     }
-    # 50 admissions, plus the retention sweep the server runs at start-up
-    assert 50 <= values["collector_writer_requests_committed"] <= 51
-    assert values["collector_writer_transactions"] < 50
+    # 50 admissions, plus the retention sweep the server runs at start-up and
+    # the visitor projection's fold jobs (it polls while the requests commit;
+    # one may be committed but not yet counted by the projection's task)
+    folds = values["collector_visitor_projection_passes"]
+    assert 50 + folds <= values["collector_writer_requests_committed"] <= 52 + folds
+    # grouped: fewer transactions than jobs (how many fewer depends on timing)
+    assert values["collector_writer_transactions"] < values["collector_writer_requests_committed"]
     assert values['collector_events_total{outcome="accepted"}'] == 50
     assert any(
         k.startswith('collector_meter_used_units{account="acme"') and 'unit="pageview"' in k and v == 50
