@@ -128,9 +128,29 @@ def _meter(event: AnyEvent, bot: BotInfo) -> MeterKind:
     return MeterKind.COVERAGE
 
 
-def _classify(event: AnyEvent, ctx: IngestContext) -> BotInfo:
+def _classify(event: AnyEvent, ctx: IngestContext, seen: dict[object, BotInfo]) -> BotInfo:
+    """The event's bot verdict; `seen` memoises verdicts within one request.
+
+    A batch repeats one device: with the request evidence fixed, the verdict
+    depends only on the user agent, the platforms and the SDK automation
+    evidence (events that carry the latter are classified one by one).
+    """
     if ctx.bots is None:
         return HUMAN
+    device = event.device
+    key: object = None
+    if device is not None:
+        if device.automation is not None:
+            return _verdict(event, ctx)
+        key = (device.userAgent, device.clientPlatform, device.platform)
+    bot = seen.get(key)
+    if bot is None:
+        bot = seen[key] = _verdict(event, ctx)
+    return bot
+
+
+def _verdict(event: AnyEvent, ctx: IngestContext) -> BotInfo:
+    assert ctx.bots is not None
     device = event.device
     if device is None:  # a _consent_transition may carry no device
         verdict = ctx.bots.classify(user_agent=None, native=False, request=ctx.bot_evidence)
@@ -190,6 +210,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
     rejected: list[RejectedEvent] = []
     dropped: list[DroppedEvent] = []
     missing_ids: list[int] = []
+    verdicts: dict[object, BotInfo] = {}
     for index, event in enumerate(events):
         if isinstance(event, EventIssue):
             eid = _raw_eid(decoded, index, single)
@@ -227,7 +248,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
             to_store = msgspec.structs.replace(to_store, timestamp=ctx.now_ms)
         if to_store is not event:
             client_json = _encoder.encode(to_store)
-        bot = _classify(event, ctx)
+        bot = _classify(event, ctx, verdicts)
         # Splice the server fields into the client object: {...client..., ...server...}
         if client_ts is None and withheld is None:  # byte for byte what encoding the Enrichment gives
             bot_field = _HUMAN_FIELD if bot is HUMAN else b',"bot":' + _encoder.encode(bot)
