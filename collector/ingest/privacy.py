@@ -34,6 +34,7 @@ import re
 import msgspec
 
 from collector.ingest.schema import FileMeta, Form
+from collector.ingest.validate import RAW_FIELDS_DECODER
 
 _WORDS = re.compile(r"[a-z]+|[0-9]+")
 _CAMEL = re.compile(r"([a-z0-9])([A-Z])")
@@ -154,7 +155,7 @@ def _declared_types(raw_fields: str | None) -> dict[str, str]:
     if not raw_fields:
         return {}
     try:
-        return msgspec.json.decode(raw_fields, type=dict[str, str])
+        return RAW_FIELDS_DECODER.decode(raw_fields)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return {}  # validation already rejected a malformed raw_fields
 
