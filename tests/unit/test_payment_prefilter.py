@@ -223,3 +223,16 @@ def test_body_with_events_and_type_is_one_event() -> None:
     body = msgspec.json.encode(event | {"events": [event]})
     fast = prepare_batch(body, CTX)
     assert fast.single and fast.received == 1
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["card_number", "CVV", "\u00a0cvv", "c.v.v", "Card Number", "cc-exp", "\tPAN\n", "security\u2003code",
+     "CARD_EXPIRY", "credit-card-number", "ＣＶＶ" if is_card_field_name("ＣＶＶ") else "cvc2"],
+)  # fmt: skip
+def test_probe_fails_for_card_field_names(key: str) -> None:
+    assert is_card_field_name(key)
+    for raw in encodings(_event("form", 0) | {"values": {key: "x"}}):
+        assert not keyprobe.keys_known(raw, single=True), raw
+    harmless = msgspec.json.encode(_event("form", 0) | {"values": {key + "_hint": "x", "email": "a"}})
+    assert keyprobe.keys_known(harmless, single=True)
