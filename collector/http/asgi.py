@@ -6,7 +6,7 @@ per request on this stack); everything here is deliberately minimal.
 
 from __future__ import annotations
 
-import os
+import random
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qsl
@@ -38,7 +38,10 @@ class Request:
         self.headers = headers
         self._query: dict[str, str] | None = None
         supplied = headers.get("x-request-id", "")
-        self.request_id = supplied[:200] if supplied else os.urandom(12).hex()
+        # A minted id only needs to be unique, not secret: os.urandom releases
+        # the GIL on every call, which costs a GIL hand-off while the writer
+        # thread runs. (random is reseeded in forked workers.)
+        self.request_id = supplied[:200] if supplied else f"{random.getrandbits(96):024x}"
         client = scope.get("client")
         self.client_ip: str | None = client[0] if client else None
 

@@ -132,9 +132,16 @@ async def _ingest(
     storage = services.storage
     client_id, site_id = record.clientId, site.siteId
 
+    # A batch repeats its visitor, and the recorded consent cannot change
+    # before this request's own admission: one LMDB read per visitor.
+    denials: dict[str, bool] = {}
+
     def identity_denial(visitor_id: str) -> bool:
-        recorded = read_consent(storage, client_id, site_id, visitor_id)
-        return recorded is not None and recorded.identity_resolution is False
+        denied = denials.get(visitor_id)
+        if denied is None:
+            recorded = read_consent(storage, client_id, site_id, visitor_id)
+            denied = denials[visitor_id] = recorded is not None and recorded.identity_resolution is False
+        return denied
 
     context = IngestContext(
         client_id=record.clientId,

@@ -10,17 +10,18 @@ order ids from matching: Luhn alone passes one random number in ten.
 
 Cost: card numbers are looked for in the raw body (a byte translation and a
 substring search find the digit runs; the card regex runs only around
-them), card field names in the distinct object keys of the decoded body
-(a few dozen per request, their verdicts cached). Only when one of these
-fires is the decoded body walked to confirm (a JSON number is not payment
-material). A body whose \\u escapes could hide digits, spaces or dashes from
-the raw scan is always walked.
+them), card field names in the distinct object keys (a few dozen per
+request, their verdicts cached): those of the decoded body, or on the
+pipeline's common path only those the key probe leaves to the caller
+(`keyprobe.py`). Only when one of these fires is the decoded body walked to
+confirm (a JSON number is not payment material). A body whose \\u escapes
+could hide digits, spaces or dashes from the raw scan is always walked.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 # (prefix low, prefix high, lengths): prefixes compared on the leading digits.
@@ -49,7 +50,7 @@ _CANDIDATE = re.compile(
 )
 _CANDIDATE_TEXT = re.compile(r"(?<![0-9A-Za-z_.-])\d(?:[ -]?\d){11,18}(?![0-9A-Za-z_])")
 _SEPARATORS = re.compile(r"[\s_\-.]")
-_CARD_FIELD_NAMES = frozenset(
+CARD_FIELD_NAMES = frozenset(
     {
         "cardnumber", "ccnumber", "ccnum", "cardnum", "creditcard", "creditcardnumber",
         "debitcard", "pan", "cvv", "cvv2", "cvc", "cvc2", "csc", "cid", "cardcvc", "cardcvv",
@@ -130,7 +131,7 @@ def looks_like_card(candidate: str) -> bool:
 
 
 def is_card_field_name(name: str) -> bool:
-    return _SEPARATORS.sub("", name).lower() in _CARD_FIELD_NAMES
+    return _SEPARATORS.sub("", name).lower() in CARD_FIELD_NAMES
 
 
 def _is_card_key(name: str) -> bool:
@@ -184,11 +185,28 @@ def _has_value(value: Any) -> bool:
 
 def find_payment_data(raw: bytes, decoded: Any) -> str | None:
     """What payment material the request carries, or None. `decoded` is the parsed body."""
-    card_candidate = (
-        any(looks_like_card(c) for c in _raw_candidates(raw))
-        or _HIDING_ESCAPE.search(raw) is not None
+    return confirm_payment_data(
+        decoded, card_candidate=has_card_candidate(raw), key_candidate=has_card_key(_object_keys(decoded))
     )
-    key_candidate = any(_is_card_key(key) for key in _object_keys(decoded))
+
+
+def has_card_candidate(raw: bytes) -> bool:
+    """True when the raw body may hold a card number (False means it certainly does not)."""
+    return any(looks_like_card(c) for c in _raw_candidates(raw)) or _HIDING_ESCAPE.search(raw) is not None
+
+
+def has_card_key(keys: Iterable[str]) -> bool:
+    """True when one of `keys` names a card field."""
+    return any(_is_card_key(key) for key in keys)
+
+
+def object_keys(values: Iterable[Any]) -> set[str]:
+    """Every distinct object key at any depth of some decoded JSON values."""
+    return _object_keys(list(values))
+
+
+def confirm_payment_data(decoded: Any, *, card_candidate: bool, key_candidate: bool) -> str | None:
+    """Walk the decoded body for what the raw pre-filters flagged; None when nothing was flagged."""
     if not card_candidate and not key_candidate:
         return None
     for key, value in _walk(decoded):

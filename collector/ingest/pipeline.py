@@ -1,8 +1,9 @@
 """The pure ingest pipeline: `prepare_batch(body, ctx) -> PreparedBatch`.
 
-bytes -> JSON decode (one pass) -> batch shape -> per event: typed decode,
-platform rewrite, field rules and truncation -> idempotency id -> content
-hash -> enrichment. The whole request is scanned once for payment data.
+bytes -> typed decode and key probe (common case) or generic JSON decode,
+batch shape and per-event typed decode (exact path) -> payment scan of the
+whole request -> per event: platform rewrite, field rules and truncation ->
+idempotency id -> consent and privacy floor -> content hash -> enrichment.
 No I/O, no clock: time comes from the context.
 """
 
@@ -16,6 +17,7 @@ import xxhash
 
 from collector.errors import ServiceError
 from collector.ingest.consent import consent_drop_reason, identity_denied, state_of
+from collector.ingest.keyprobe import keys_known, opaque_values
 from collector.ingest.model import (
     AcceptedEvent,
     DroppedEvent,
@@ -25,7 +27,13 @@ from collector.ingest.model import (
     PreparedBatch,
     RejectedEvent,
 )
-from collector.ingest.payment import find_payment_data
+from collector.ingest.payment import (
+    confirm_payment_data,
+    find_payment_data,
+    has_card_candidate,
+    has_card_key,
+    object_keys,
+)
 from collector.ingest.privacy import apply_form_floor
 from collector.ingest.schema import (
     AnyEvent,
@@ -34,6 +42,7 @@ from collector.ingest.schema import (
     ConsentTransition,
     Enrichment,
     Form,
+    Identify,
     Pageview,
 )
 from collector.ingest.sealing import seal_sensitive
@@ -75,21 +84,28 @@ class _TypedBatch(msgspec.Struct, frozen=True):
 _typed_batch_decoder = msgspec.json.Decoder(_TypedBatch)
 
 
-def _decode_events(body: bytes, decoded: object) -> tuple[list[AnyEvent | EventIssue], bool]:
+def _decode_events(
+    body: bytes, decoded: object, typed: tuple[list[AnyEvent | EventIssue], bool] | None = None
+) -> tuple[list[AnyEvent | EventIssue], bool]:
     """Each event decoded, or the issue that rejects it; and whether the body was one event.
 
     A batch whose events all decode (the common case) takes one decoder call;
     otherwise each event is decoded on its own, so one bad event rejects only
-    itself, with the same message either way.
+    itself, with the same message either way. `typed`: what _decode_typed
+    found, reused when the shape agrees.
     """
     if isinstance(decoded, dict) and "events" in decoded and "type" not in decoded:
         events = decoded["events"]
         if isinstance(events, list) and 1 <= len(events) <= MAX_BATCH:
+            if typed is not None and not typed[1]:
+                return typed
             try:
                 return list(_typed_batch_decoder.decode(body).events), False
             except msgspec.ValidationError:
                 pass
     raws, single = _split(body, decoded)
+    if single and typed is not None and typed[1]:
+        return typed
     out: list[AnyEvent | EventIssue] = []
     for raw in raws:
         try:
@@ -128,9 +144,29 @@ def _meter(event: AnyEvent, bot: BotInfo) -> MeterKind:
     return MeterKind.COVERAGE
 
 
-def _classify(event: AnyEvent, ctx: IngestContext) -> BotInfo:
+def _classify(event: AnyEvent, ctx: IngestContext, seen: dict[object, BotInfo]) -> BotInfo:
+    """The event's bot verdict; `seen` memoises verdicts within one request.
+
+    A batch repeats one device: with the request evidence fixed, the verdict
+    depends only on the user agent, the platforms and the SDK automation
+    evidence (events that carry the latter are classified one by one).
+    """
     if ctx.bots is None:
         return HUMAN
+    device = event.device
+    key: object = None
+    if device is not None:
+        if device.automation is not None:
+            return _verdict(event, ctx)
+        key = (device.userAgent, device.clientPlatform, device.platform)
+    bot = seen.get(key)
+    if bot is None:
+        bot = seen[key] = _verdict(event, ctx)
+    return bot
+
+
+def _verdict(event: AnyEvent, ctx: IngestContext) -> BotInfo:
+    assert ctx.bots is not None
     device = event.device
     if device is None:  # a _consent_transition may carry no device
         verdict = ctx.bots.classify(user_agent=None, native=False, request=ctx.bot_evidence)
@@ -160,16 +196,48 @@ def _event_id(event: AnyEvent, index: int, header_key: str | None, production: b
     return "dev_" + os.urandom(16).hex()
 
 
-def refuse_payment_data(body: bytes, decoded: object | None = None) -> None:
-    """Raise prohibited_payment_data when the request carries payment material anywhere."""
-    if decoded is None:
-        decoded = decode_json(body)
-    payment = find_payment_data(body, decoded)
+def _decode_typed(body: bytes) -> tuple[list[AnyEvent | EventIssue], bool] | None:
+    """The events when every one of them decodes, and whether the body decoded as one event.
+
+    None when the body is not a batch of 1 to 25 valid events nor one valid
+    event. The shape is only a candidate: a body with both "events" and "type"
+    is one event, which the key probe (or _decode_events) settles.
+    """
+    try:
+        events: list[AnyEvent | EventIssue] = list(_typed_batch_decoder.decode(body).events)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        try:
+            return [_event_decoder.decode(body)], True
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+            return None
+    return (events, False) if 1 <= len(events) <= MAX_BATCH else None
+
+
+def _refuse_known_payment_data(body: bytes, events: list[AnyEvent | EventIssue]) -> None:
+    """refuse_payment_data for a body the key probe vouched for (see prepare_batch)."""
+    card_candidate = has_card_candidate(body)
+    key_candidate = has_card_key(object_keys(opaque_values(events)))  # type: ignore[arg-type]
+    if card_candidate or key_candidate:
+        _refuse(
+            confirm_payment_data(
+                decode_json(body), card_candidate=card_candidate, key_candidate=key_candidate
+            )
+        )
+
+
+def _refuse(payment: str | None) -> None:
     if payment is not None:
         raise ServiceError(
             "prohibited_payment_data",
             f"payment-instrument material is not accepted ({payment}); nothing was stored",
         )
+
+
+def refuse_payment_data(body: bytes, decoded: object | None = None) -> None:
+    """Raise prohibited_payment_data when the request carries payment material anywhere."""
+    if decoded is None:
+        decoded = decode_json(body)
+    _refuse(find_payment_data(body, decoded))
 
 
 def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
@@ -179,9 +247,18 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
         raise ServiceError(
             "invalid_idempotency_key", f"Idempotency-Key is over {MAX_IDEMPOTENCY_KEY} characters"
         )
-    decoded = decode_json(body)
-    refuse_payment_data(body, decoded)
-    events, single = _decode_events(body, decoded)
+    typed = _decode_typed(body)
+    decoded: object = None
+    if typed is not None and keys_known(body, single=typed[1]):
+        # Every key is vouched for: the body is valid JSON as the generic
+        # decoder would find, and the payment scan decodes it only if a
+        # pre-filter fires (see keyprobe).
+        events, single = typed
+        _refuse_known_payment_data(body, events)
+    else:
+        decoded = decode_json(body)
+        refuse_payment_data(body, decoded)
+        events, single = _decode_events(body, decoded, typed)
     # The server fields between "eid" and "bot", as Enrichment encodes them when
     # there is no clientTimestamp and nothing withheld (without the closing brace).
     server_tail = _encoder.encode(Enrichment("", ctx.client_id, ctx.site_id, ctx.now_ms))[_EMPTY_EID:-1]
@@ -190,6 +267,8 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
     rejected: list[RejectedEvent] = []
     dropped: list[DroppedEvent] = []
     missing_ids: list[int] = []
+    verdicts: dict[object, BotInfo] = {}
+    strict_consent = ctx.strict_consent
     for index, event in enumerate(events):
         if isinstance(event, EventIssue):
             eid = _raw_eid(decoded, index, single)
@@ -206,8 +285,10 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
             continue
         # Consent and the privacy floor decide before anything is hashed,
         # counted or stored (spec 4.1 rule 9, 2.3 form).
-        drop = consent_drop_reason(event, ctx.strict_consent)
-        if drop is None and identity_denied(event, ctx.identity_denial):
+        # (Each rule is called only for the events it can concern: a batch
+        # pays for every call 25 times.)
+        drop = consent_drop_reason(event, True) if strict_consent else None
+        if drop is None and isinstance(event, Identify) and identity_denied(event, ctx.identity_denial):
             drop = "identity_consent_denied"
         withheld = None
         to_store = event
@@ -220,14 +301,15 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
         # The idempotency hash covers the event as the client sent it.
         client_json = _encoder.encode(event)
         content_hash = xxhash.xxh3_128_digest(client_json)
-        to_store = seal_sensitive(to_store, ctx.sealer, ctx.client_id, eid)
+        if isinstance(to_store, Form | Identify):
+            to_store = seal_sensitive(to_store, ctx.sealer, ctx.client_id, eid)
         client_ts = None
         if abs(event.timestamp - ctx.now_ms) > SKEW_MS:
             client_ts = event.timestamp
             to_store = msgspec.structs.replace(to_store, timestamp=ctx.now_ms)
         if to_store is not event:
             client_json = _encoder.encode(to_store)
-        bot = _classify(event, ctx)
+        bot = _classify(event, ctx, verdicts)
         # Splice the server fields into the client object: {...client..., ...server...}
         if client_ts is None and withheld is None:  # byte for byte what encoding the Enrichment gives
             bot_field = _HUMAN_FIELD if bot is HUMAN else b',"bot":' + _encoder.encode(bot)

@@ -34,6 +34,7 @@ import re
 import msgspec
 
 from collector.ingest.schema import FileMeta, Form
+from collector.ingest.validate import RAW_FIELDS_DECODER
 
 _WORDS = re.compile(r"[a-z]+|[0-9]+")
 _CAMEL = re.compile(r"([a-z0-9])([A-Z])")
@@ -154,16 +155,22 @@ def _declared_types(raw_fields: str | None) -> dict[str, str]:
     if not raw_fields:
         return {}
     try:
-        return msgspec.json.decode(raw_fields, type=dict[str, str])
+        return RAW_FIELDS_DECODER.decode(raw_fields)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return {}  # validation already rejected a malformed raw_fields
 
 
+@functools.lru_cache(maxsize=4096)
+def names_checkout(text: str) -> bool:
+    """True when a form id or selector names a checkout or payment form."""
+    # Cached: a site sends the same few form ids and selectors over and over.
+    words = _words(text)
+    return bool(_CHECKOUT_WORDS.intersection(words)) or "".join(words) in _CHECKOUT_WORDS
+
+
 def is_checkout(form: Form, declared: dict[str, str]) -> bool:
-    for text in (form.formId, form.form_selector or ""):
-        words = _words(text)
-        if _CHECKOUT_WORDS.intersection(words) or "".join(words) in _CHECKOUT_WORDS:
-            return True
+    if names_checkout(form.formId) or (form.form_selector and names_checkout(form.form_selector)):
+        return True
     names = set(declared) | set(form.values or ())
     if any(classify_field_name(name) == "payment" for name in names):
         return True

@@ -74,11 +74,14 @@ def _url_issue(url: str) -> str | None:
 _cached_url_issue = functools.lru_cache(maxsize=1024)(_url_issue)
 
 
+# Built once: msgspec.json.decode(..., type=dict[str, str]) builds the type on every call.
+RAW_FIELDS_DECODER = msgspec.json.Decoder(dict[str, str])
+
+
 def check_event(event: AnyEvent) -> tuple[AnyEvent, list[EventIssue]]:
     """The event with truncation applied, and the issues that reject it (if any)."""
     issues: list[EventIssue] = []
     device = event.device
-    platform = (device.clientPlatform if device is not None else None) or "web"
     if isinstance(event, ConsentTransition):
         if event.consent is None:
             issues.append(EventIssue("$.consent", "a _consent_transition event needs consent"))
@@ -88,16 +91,16 @@ def check_event(event: AnyEvent) -> tuple[AnyEvent, list[EventIssue]]:
                 EventIssue("$.page", "a _consent_transition event never carries page content")
             )
         return event, issues
-    if event.page is None:
+    original = event.page
+    if original is None:
         issues.append(EventIssue("$", "Object missing required field `page`"))
     if device is None:
         issues.append(EventIssue("$", "Object missing required field `device`"))
-    if issues:
+    if original is None or device is None:
         return event, issues
-    assert event.page is not None and device is not None
-    page = _truncate(event.page)
-    if platform == "web":
-        problem = _web_url_issue(event.page.url)
+    page = _truncate(original)
+    if (device.clientPlatform or "web") == "web":
+        problem = _web_url_issue(original.url)
         if problem:
             issues.append(EventIssue("$.page.url", problem))
         if not device.userAgent:
@@ -106,13 +109,11 @@ def check_event(event: AnyEvent) -> tuple[AnyEvent, list[EventIssue]]:
             issues.append(EventIssue("$.device.viewport", "device.viewport is required for web events"))
     if isinstance(event, Form) and event.raw_fields is not None:
         try:
-            decoded = msgspec.json.decode(event.raw_fields, type=dict[str, str])
+            RAW_FIELDS_DECODER.decode(event.raw_fields)
         except (msgspec.DecodeError, msgspec.ValidationError):
-            decoded = None
-        if decoded is None:
             issues.append(
                 EventIssue("$.raw_fields", "raw_fields must be a JSON object of field names to types")
             )
-    if page is not event.page:
+    if page is not original:
         event = msgspec.structs.replace(event, page=page)
     return event, issues

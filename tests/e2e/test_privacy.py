@@ -106,6 +106,11 @@ async def test_consent_route_records_and_denies_identity(nursery: trio.Nursery, 
     # Another visitor without a recorded denial is stored.
     response = await server.client.post("/v1/events", json=identify("id-2", visitorId="v2"), headers=ACME)
     assert response.json()["accepted"] == 1
+    # Within one batch each visitor's record decides for all of that visitor's events.
+    batch = {"events": [identify("id-4"), identify("id-5", visitorId="v2"), identify("id-6")]}
+    body = (await server.client.post("/v1/events", json=batch, headers=ACME)).json()
+    assert (body["accepted"], body["dropped"]) == (1, 2)
+    assert [e["index"] for e in body["errors"]] == [0, 2]
     # An older decision arriving late does not undo the newer one.
     late = dict(decision, timestamp=STAMP - 60_000,
                 consent={"analytics": True, "identityResolution": True})

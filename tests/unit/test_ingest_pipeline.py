@@ -326,3 +326,35 @@ def test_spliced_server_fields_match_the_encoded_enrichment() -> None:
         assert accepted.stored.endswith(b"," + tail[1:])  # byte for byte
     assert json.loads(result.accepted[1].stored)["bot"]["category"] == "ai_crawler"
     assert result.accepted[1].meter is MeterKind.COVERAGE and result.accepted[0].meter is MeterKind.PAGEVIEW
+
+
+def test_verdicts_within_a_batch_match_classifying_each_event_alone() -> None:
+    from collector.ingest.bots import BotClassifier
+
+    bots = BotClassifier()
+    windows = "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0"
+    gptbot = "Mozilla/5.0 AppleWebKit/537.36 (KHTML, like Gecko); compatible; GPTBot/1.2"
+    size = {"width": 1, "height": 1}
+    devices: list[dict[str, object]] = [
+        {"userAgent": windows, "viewport": size},
+        {"userAgent": windows, "viewport": size, "platform": "Win32"},
+        {"userAgent": windows, "viewport": size, "platform": "iPhone"},  # stealth: platform
+        {"userAgent": windows, "viewport": size, "automation": {"webdriver": True}},
+        {"userAgent": windows, "viewport": size, "automation": {"score": 10}},
+        {"userAgent": windows, "viewport": size},
+        {"userAgent": gptbot, "viewport": size},
+        {"userAgent": windows, "viewport": size, "clientPlatform": "ios"},
+    ]
+    consent = {k: v for k, v in event("t").items() if k not in ("page", "device")}
+    consent.update(type="_consent_transition", consent={"analytics": True})
+    for key_type in ("browser", "mobile"):
+        events = [event(f"e{i}", device=device) for i, device in enumerate(devices)] + [consent]
+        batch = run({"events": events}, bots=bots, key_type=key_type)
+        alone = [run(one, bots=bots, key_type=key_type).accepted[0] for one in events]
+        assert [a.stored for a in batch.accepted] == [a.stored for a in alone]
+        assert [(a.is_bot, a.bot_category) for a in batch.accepted] == [
+            (a.is_bot, a.bot_category) for a in alone
+        ]
+        verdicts = [json.loads(a.stored)["bot"]["category"] for a in batch.accepted]
+        if key_type == "browser":  # native events are exempt from the stealth rule
+            assert verdicts[2:4] == ["automation", "automation"] and verdicts[5] == "human"

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from unittest.mock import patch
 
 import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from collector.errors import ServiceError
+from collector.ingest import keyprobe, pipeline
+from collector.ingest.model import IngestContext
 from collector.ingest.payment import (
     _has_value,
     _walk,
@@ -17,6 +21,7 @@ from collector.ingest.payment import (
     is_card_field_name,
     text_has_card,
 )
+from collector.ingest.pipeline import prepare_batch
 
 
 def full_walk(decoded: Any) -> bool:
@@ -71,3 +76,163 @@ def test_prefilters_agree_with_the_full_walk(text: str, key: str) -> None:
 )
 def test_escapes_do_not_hide_payment_data(raw: bytes) -> None:
     assert find_payment_data(raw, msgspec.json.decode(raw)) is not None
+
+
+# -- the key probe: the common path that skips the generic decode ---------------
+
+NOW = 1_795_000_000_000
+CTX = IngestContext(
+    client_id="acme", site_id="web", key_type="browser", production=True, now_ms=NOW
+)
+
+
+def _event(kind: str, index: int) -> dict[str, object]:
+    base: dict[str, object] = {
+        "type": kind, "_eid": f"e{index}", "visitorId": "v1", "sessionId": "s1", "timestamp": NOW,
+        "page": {"url": "https://acme.com/a", "path": "/a", "title": "A"},
+        "device": {"userAgent": "Mozilla/5.0", "viewport": {"width": 1, "height": 1}},
+    }  # fmt: skip
+    if kind == "form":
+        base.update(action="submit", formId="f", fieldCount=1, values={"email": "a@b.c"})
+    elif kind == "identify":
+        base.update(hem="a" * 64, identity={"crm": {"id": "c1"}})
+    elif kind == "click":
+        base["element"] = {"selector": "a", "text": "Buy", "x": 1, "y": 2}
+    return base
+
+
+def outcome(body: bytes) -> object:
+    """prepare_batch's decision as comparable data: the refusal, or every field of the result."""
+    try:
+        return msgspec.to_builtins(prepare_batch(body, CTX))
+    except ServiceError as error:
+        return (error.code, error.message, error.extra)
+
+
+# Where an extra key goes: (path of dicts from the body root, as indexes/keys).
+PLACES = st.sampled_from(
+    [(), ("events", 0), ("events", 0, "page"), ("events", 1, "device", "viewport"),
+     ("events", 1, "element"), ("events", 2, "values"), ("events", 3, "identity"),
+     ("events", 3, "identity", "crm")]
+)  # fmt: skip
+VALUES = st.one_of(
+    TEXTS,
+    st.integers(),
+    st.just(""),
+    st.lists(TEXTS, max_size=2),
+    st.dictionaries(TEXTS, TEXTS, max_size=2),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(PLACES, TEXTS, VALUES), max_size=3), st.booleans())
+def test_the_probe_path_decides_as_the_exact_path(
+    extras: list[tuple[tuple, str, object]], single: bool
+) -> None:
+    body: dict[str, Any] = {
+        "events": [
+            _event(kind, i) for i, kind in enumerate(("pageview", "click", "form", "identify"))
+        ]
+    }
+    for place, key, value in extras:
+        target: Any = body
+        for step in place:
+            target = target[step]
+        target[key] = value if place[-1:] != ("values",) else str(value)
+    if single:
+        body = body["events"][2]  # the form, with whatever landed in it
+    for raw in encodings(body):
+        decoded = msgspec.json.decode(raw)
+        fast = outcome(raw)
+        with patch.object(pipeline, "keys_known", lambda body, single: False):
+            assert outcome(raw) == fast, raw
+        refused = isinstance(fast, tuple) and fast[0] == "prohibited_payment_data"
+        assert refused == full_walk(decoded), raw
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"values": {"card_number": "4"}},
+        {"values": {"C-V-V": "1"}},
+        {"values": {"\u00a0cvv ": "1"}},
+        {"values": {"\u212aey": "1", "Card Number": "1"}},
+        {"identity": {"x": [{"ccNumber": 4}]}},
+        {"page": {"path": "/", "title": "t", "url": "https://a.b/", "cvv": "1"}},
+        {"device": {"userAgent": "Mozilla/5.0", "viewport": {"width": 1, "height": 1, "pan": "1"}}},
+    ],
+)
+def test_card_field_names_are_refused_wherever_they_hide(extra: dict[str, object]) -> None:
+    event = _event("form", 0) | _event("identify", 0) | {"type": "form"}
+    event.pop("identity", None)
+    event.pop("hem", None)
+    for raw in encodings({"events": [event | extra]}):
+        assert outcome(raw)[0] == "prohibited_payment_data", raw  # type: ignore[index]
+
+
+def test_escaped_card_key_in_form_values_is_refused() -> None:
+    raw = json.dumps({"events": [_event("form", 0)]}).replace('"email"', '"\\u0063vv"').encode()
+    assert outcome(raw)[0] == "prohibited_payment_data"  # type: ignore[index]
+
+
+@settings(max_examples=400, deadline=None)
+@given(TEXTS)
+def test_probe_fails_for_every_card_field_name(key: str) -> None:
+    body = msgspec.json.encode(_event("form", 0) | {"values": {key: "x"}})
+    if is_card_field_name(key):
+        assert not keyprobe.keys_known(body, single=True)
+
+
+def test_probe_accepts_schema_fields_and_refuses_others() -> None:
+    events = [_event(kind, i) for i, kind in enumerate(("pageview", "click", "form", "identify"))]
+    assert keyprobe.keys_known(msgspec.json.encode({"events": events}), single=False)
+    assert keyprobe.keys_known(msgspec.json.encode(events[0]), single=True)
+    assert not keyprobe.keys_known(
+        msgspec.json.encode({"events": events, "sentAt": 1}), single=False
+    )
+    assert not keyprobe.keys_known(msgspec.json.encode(events[0] | {"sdk": "1"}), single=True)
+    assert not keyprobe.keys_known(
+        msgspec.json.encode(
+            {
+                "events": [
+                    events[1] | {"element": {"selector": "a", "text": "b", "x": 1, "y": 1, "z": 2}}
+                ]
+            }
+        ),
+        single=False,
+    )
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [b'"\xff"', b"1e400", b"9" * 5000, b'"\xed\xa0\x80"'],
+)
+def test_what_the_generic_decoder_refuses_in_unknown_fields_is_still_invalid_json(
+    extra: bytes,
+) -> None:
+    body = (
+        b'{"events": [' + json.dumps(_event("pageview", 0)).encode() + b'], "junk": ' + extra + b"}"
+    )
+    assert outcome(body)[0] == "invalid_json"  # type: ignore[index]
+    single = json.dumps(_event("pageview", 0)).encode()[:-1] + b', "junk": ' + extra + b"}"
+    assert outcome(single)[0] == "invalid_json"  # type: ignore[index]
+
+
+def test_body_with_events_and_type_is_one_event() -> None:
+    event = _event("pageview", 0)
+    body = msgspec.json.encode(event | {"events": [event]})
+    fast = prepare_batch(body, CTX)
+    assert fast.single and fast.received == 1
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["card_number", "CVV", "\u00a0cvv", "c.v.v", "Card Number", "cc-exp", "\tPAN\n", "security\u2003code",
+     "CARD_EXPIRY", "credit-card-number", "ＣＶＶ" if is_card_field_name("ＣＶＶ") else "cvc2"],
+)  # fmt: skip
+def test_probe_fails_for_card_field_names(key: str) -> None:
+    assert is_card_field_name(key)
+    for raw in encodings(_event("form", 0) | {"values": {key: "x"}}):
+        assert not keyprobe.keys_known(raw, single=True), raw
+    harmless = msgspec.json.encode(_event("form", 0) | {"values": {key + "_hint": "x", "email": "a"}})
+    assert keyprobe.keys_known(harmless, single=True)

@@ -13,6 +13,7 @@ from collector.ingest.privacy import (
     classify_field_name,
     classify_field_type,
     classify_value,
+    names_checkout,
 )
 from collector.ingest.schema import AnyEvent, Form
 from collector.ingest.sealing import FieldSealer, SealError, field_aad, seal_sensitive
@@ -113,3 +114,13 @@ def test_without_a_sealer_values_are_withheld_not_stored_plain() -> None:
     ident = decode(type="identify", hem="a" * 64, rawEmail="a@b.c")
     sealed = seal_sensitive(ident, None, "acme", "e1")
     assert msgspec.json.encode(sealed).find(b"a@b.c") == -1
+
+
+@pytest.mark.parametrize(
+    ("text", "checkout"),
+    [("checkout", True), ("#payment-form", True), ("form.Checkout_Step", True), ("creditCard", True),
+     ("newsletter", False), ("", False), ("pay", False), ("purchases", False)],
+)
+def test_checkout_names(text: str, checkout: bool) -> None:
+    assert names_checkout(text) is checkout
+    assert names_checkout(text) is checkout  # the cached verdict is the same
