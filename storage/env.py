@@ -59,6 +59,9 @@ class Storage:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self.max_map_size = max_map_size
+        # LMDB refuses set_mapsize while this process has a write transaction
+        # open: the writer thread holds this lock for each transaction, and a
+        # resize (grow, or adopting another worker's growth on a read) waits.
         self._resize_lock = threading.Lock()
         with mapped_lmdb_errors():
             self.env = lmdb.open(
@@ -135,6 +138,10 @@ class Storage:
             return self.env.begin(buffers=False)
 
     # -- map growth ---------------------------------------------------------
+
+    def write_guard(self) -> threading.Lock:
+        """Hold while a write transaction is open in this process (no resize meanwhile)."""
+        return self._resize_lock
 
     def adopt_map_size(self) -> None:
         """Adopt the map size another process grew the environment to.

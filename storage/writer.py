@@ -225,9 +225,20 @@ class GroupCommitWriter:
             return
 
     def _try_transaction(self, pending: list[_Ticket]) -> _Ticket | None:
-        now_ms = self._clock_ms()
+        # While a write transaction is open (or being begun) no thread of this
+        # process may resize the map; the guard is released before _grow and
+        # _adopt_map_size run, so they never wait on it from here.
+        with self.storage.write_guard():
+            return self._run_group(pending)
+
+    def _run_group(self, pending: list[_Ticket]) -> _Ticket | None:
         txn = self.storage.env.begin(write=True)
         try:
+            # Beginning may have waited for LMDB's writer lock (another worker
+            # process committing): the jobs queued meanwhile join this group
+            # instead of waiting for a transaction of their own.
+            self._top_up(pending)
+            now_ms = self._clock_ms()
             ctx = WriteContext(txn, self.storage, _read_next_seq(txn, self.storage), now_ms)
             first_seq = ctx.next_seq
             for ticket in pending:
@@ -250,6 +261,12 @@ class GroupCommitWriter:
             txn.abort()
             raise
         return None
+
+    def _top_up(self, pending: list[_Ticket]) -> None:
+        if self._queue and len(pending) < self.max_group:
+            with self._cond:
+                while self._queue and len(pending) < self.max_group:
+                    pending.append(self._queue.popleft())
 
     def _grow(self) -> bool:
         # set_mapsize needs no open transaction in this process: run it on the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import trio
@@ -79,5 +80,48 @@ def test_one_off_jobs_adopt_too(tmp_path: Path) -> None:
         run_job_now(storage, Put(b"first"))
         grow_in_another_process(tmp_path, "c")
         assert run_job_now(storage, Put(b"second")) == b"second"
+    finally:
+        storage.close()
+
+
+class Hold:
+    """A job that keeps its write transaction open until told to finish."""
+
+    def __init__(self) -> None:
+        self.inside = threading.Event()
+        self.release = threading.Event()
+
+    def run(self, ctx: WriteContext) -> None:
+        ctx.txn.put(b"held", b"1", db=ctx.dbs.meta)
+        self.inside.set()
+        self.release.wait(10)
+
+
+async def test_read_adopting_a_grown_map_waits_for_an_open_write_transaction(tmp_path: Path) -> None:
+    # Found under `bench --workers 2`: a worker's read met MapResizedError while
+    # its own writer thread had a transaction open, and set_mapsize refused
+    # ("Cannot set_mapsize while a write transaction is active"): a 503.
+    storage = Storage(tmp_path, map_size=MB)
+    try:
+        writer = GroupCommitWriter(storage)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            hold = Hold()
+            nursery.start_soon(writer.submit, hold)
+            await trio.to_thread.run_sync(hold.inside.wait)
+            # Another worker process's growth (it needs no lock the held txn owns:
+            # its commit waits for LMDB's writer lock, so let it commit first).
+            hold.release.set()
+            await trio.sleep(0.05)
+            hold = Hold()
+            grown = await trio.to_thread.run_sync(grow_in_another_process, tmp_path, "d")
+            nursery.start_soon(writer.submit, hold)
+            await trio.to_thread.run_sync(hold.inside.wait)
+            # The writer's transaction is open now; a resize must wait for it.
+            threading.Timer(0.2, hold.release.set).start()
+            storage.adopt_map_size()  # before the fix: StorageError at once
+            assert hold.release.is_set()
+            assert storage.env.info()["map_size"] >= grown
+            nursery.cancel_scope.cancel()
     finally:
         storage.close()
