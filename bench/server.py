@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import httpx
 
@@ -57,12 +58,18 @@ class Collector:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "collector", "serve", "--bind", f"127.0.0.1:{self.port}",
              "--data-dir", str(workdir / "data"), "--tenants", str(tenants), "--workers", str(workers)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True,
+            # BENCH_SERVER_LOG=FILE keeps the server's log lines (they are dropped otherwise)
+            stdout=subprocess.PIPE, stderr=self._log_file(), env=env, text=True,
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if "listening on" not in line:
             raise RuntimeError(f"collector did not start: {line!r}")
+
+    @staticmethod
+    def _log_file() -> int | IO[bytes]:
+        path = os.environ.get("BENCH_SERVER_LOG")
+        return open(path, "ab") if path else subprocess.DEVNULL  # noqa: SIM115 (the child holds it)
 
     def pids(self) -> list[int]:
         return _tree(self.proc.pid)

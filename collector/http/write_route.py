@@ -121,6 +121,8 @@ def make_write_handler(services: Services, route: str, work: Work, *, retry_hint
             services.metrics.count_request(route, 499)
             return
         except (WriterBusy, StorageError) as exc:
+            # The access line says 503 storage_unavailable; this says why.
+            log.warning("storage unavailable on %s: %s", route, exc)
             unavailable = ServiceError("storage_unavailable", f"nothing was stored ({exc}); {retry_hint}")
             status, body, error_code = unavailable.status, render_error(unavailable), unavailable.code
             headers.extend(unavailable.response_headers().items())
