@@ -35,20 +35,13 @@ class OutboxRecord(msgspec.Struct, array_like=True, frozen=True):
     bot_category: str = ""  # "human" when not a bot
 
 
-class RecordFacts(msgspec.Struct, array_like=True, frozen=True):
-    """An OutboxRecord decoded for its facts: `event` stays a view, not a copy."""
+class RecordFacts(OutboxRecord, array_like=True, frozen=True):
+    """An OutboxRecord decoded for its facts: `event` stays a view, not a copy.
 
-    receipt_id: str
-    client_id: str
-    site_id: str
-    eid: str
-    committed_ms: int
-    key_type: str
-    event: msgspec.Raw
-    visitor_id: str | None = None
-    event_type: str = ""
-    is_bot: bool = False
-    bot_category: str = ""
+    A redefined field keeps its position, so this reads OutboxRecord's arrays.
+    """
+
+    event: msgspec.Raw  # type: ignore[assignment]
 
 
 _encoder = msgspec.msgpack.Encoder()
