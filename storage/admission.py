@@ -27,6 +27,7 @@ class Candidate(msgspec.Struct, frozen=True):
     event_type: str = ""
     is_bot: bool = False
     bot_category: str = ""
+    event_ms: int = 0  # the client's timestamp of the event
     # A consent transition also records the visitor's latest state (newest wins).
     consent_key: bytes | None = None
     consent_state: consent.RecordedConsent | None = None
@@ -176,6 +177,7 @@ class Admission:
                                 cand.event_type,
                                 cand.is_bot,
                                 cand.bot_category,
+                                cand.event_ms,
                             )
                         ),
                     )

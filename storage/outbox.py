@@ -33,6 +33,9 @@ class OutboxRecord(msgspec.Struct, array_like=True, frozen=True):
     event_type: str = ""
     is_bot: bool = False
     bot_category: str = ""  # "human" when not a bot
+    # The client's own timestamp (0: not recorded): consumers compare events
+    # of one visitor by it (a skewed clock keeps its intervals).
+    event_ms: int = 0
 
 
 class RecordFacts(OutboxRecord, array_like=True, frozen=True):

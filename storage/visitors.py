@@ -9,6 +9,11 @@ in each record (an event's time is then its commit time) and parses the
 event only for records written before records carried facts (its
 `receivedAt`).
 
+Besides the verdict a record counts the visitor's events by type and its rage
+clicks (the third and later clicks of a burst, each click within 1 s of the
+previous one by the client's own timestamps); the signals snapshot
+(`collector/signals/snapshot.py`) reads them.
+
 A visitor's bot verdict is the majority of its events' verdicts
 (`_consent_transition` events carry none and are not counted): one
 misjudged event does not turn a person into a bot, and a crawler whose every
@@ -20,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from itertools import islice
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -39,6 +44,13 @@ class VisitorRecord(msgspec.Struct, array_like=True, frozen=True):
     bot_events: int
     categories: dict[str, int]  # bot category -> events
     last_category: str = ""
+    # Appended later (records grow only at the end; older ones decode with these
+    # defaults): what the signals snapshot reads besides the verdict.
+    types: dict[str, int] = {}  # event type -> events
+    native_events: int = 0  # events sent with mobile or server keys
+    rage_clicks: int = 0  # third and later clicks of a burst (each within RAGE_GAP_MS)
+    last_click_ms: int = 0  # the client timestamp of the latest click (burst state)
+    click_burst: int = 0  # clicks in the current burst
 
     @property
     def is_bot(self) -> bool:
@@ -53,37 +65,35 @@ class VisitorRecord(msgspec.Struct, array_like=True, frozen=True):
         return self.last_category if self.last_category in tied else tied[0]
 
 
+class VisitorEvent(NamedTuple):
+    """The facts of one committed event that the fold needs."""
+
+    at_ms: int  # commit time (receivedAt for records written before facts existed)
+    is_bot: bool
+    category: str
+    event_type: str = "pageview"
+    native: bool = False  # sent with a mobile or server key
+    event_ms: int = 0  # the client's timestamp
+
+
 class _EventFacts(msgspec.Struct):
     visitorId: str = ""
     type: str = ""
     receivedAt: int = 0
+    timestamp: int = 0
     bot: Any = None
 
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(VisitorRecord)
 _facts = msgspec.json.Decoder(_EventFacts)
+RAGE_GAP_MS = 1000  # clicks closer than this (client time) continue a burst
+RAGE_FROM = 3  # the third click of a burst is the first rage click
+NATIVE_KEY_TYPES = frozenset({"mobile", "server"})
 
 
 def visitor_key(client_id: str, site_id: str, visitor_id: str) -> bytes:
     return f"{client_id}\x00{site_id}\x00{visitor_id}".encode()
-
-
-def fold(record: VisitorRecord | None, at_ms: int, is_bot: bool, category: str) -> VisitorRecord:
-    """The record after one more event with the given verdict (pure; `merge` must agree)."""
-    if record is None:
-        record = VisitorRecord(at_ms, at_ms, 0, 0, {})
-    categories = record.categories
-    if is_bot:
-        categories = {**categories, category: categories.get(category, 0) + 1}
-    return VisitorRecord(
-        min(record.first_ms, at_ms),
-        max(record.last_ms, at_ms),
-        record.events + 1,
-        record.bot_events + is_bot,
-        categories,
-        category if is_bot else record.last_category,
-    )
 
 
 class FoldResult(msgspec.Struct, frozen=True):
@@ -92,28 +102,46 @@ class FoldResult(msgspec.Struct, frozen=True):
     more: bool  # the batch limit was hit
 
 
-def merge(record: VisitorRecord | None, times: list[int], bot_categories: list[str]) -> VisitorRecord:
-    """The record after more events, as folding them one by one would give (pure).
+def merge(record: VisitorRecord | None, events: list[VisitorEvent]) -> VisitorRecord:
+    """The record after more events, in commit order (pure).
 
-    `times` holds every event's time, `bot_categories` the category of each
-    bot event among them, both in commit order.
+    Folding them in one call or one at a time gives the same record: every
+    piece of state a later event depends on (the click burst) lives in the
+    record. Called with a visitor's events of one fold pass, so the record is
+    built once per visitor, not once per event.
     """
-    first, last = min(times), max(times)
     if record is None:
-        record = VisitorRecord(first, last, 0, 0, {})
-    categories = record.categories
-    if bot_categories:
-        categories = dict(categories)
-        for name in bot_categories:
-            categories[name] = categories.get(name, 0) + 1
+        record = VisitorRecord(events[0].at_ms, events[0].at_ms, 0, 0, {})
+    first, last = record.first_ms, record.last_ms
+    bot_events, native = record.bot_events, record.native_events
+    categories, types = record.categories, dict(record.types)
+    last_category = record.last_category
+    rage, last_click, burst = record.rage_clicks, record.last_click_ms, record.click_burst
+    copied = False
+    for ev in events:
+        first, last = min(first, ev.at_ms), max(last, ev.at_ms)
+        types[ev.event_type] = types.get(ev.event_type, 0) + 1
+        native += ev.native
+        if ev.is_bot:
+            if not copied:
+                categories, copied = dict(categories), True
+            categories[ev.category] = categories.get(ev.category, 0) + 1
+            bot_events += 1
+            last_category = ev.category
+        if ev.event_type == "click":
+            gap = ev.event_ms - last_click
+            burst = burst + 1 if burst and 0 <= gap <= RAGE_GAP_MS else 1
+            rage += burst >= RAGE_FROM
+            last_click = ev.event_ms
     return VisitorRecord(
-        min(record.first_ms, first),
-        max(record.last_ms, last),
-        record.events + len(times),
-        record.bot_events + len(bot_categories),
-        categories,
-        bot_categories[-1] if bot_categories else record.last_category,
+        first, last, record.events + len(events), bot_events, categories, last_category,
+        types, native, rage, last_click, burst,
     )
+
+
+def fold(record: VisitorRecord | None, event: VisitorEvent) -> VisitorRecord:
+    """The record after one more event."""
+    return merge(record, [event])
 
 
 class FoldVisitors:
@@ -131,41 +159,47 @@ class FoldVisitors:
         # Gather per visitor first and touch each visitor record once: a batch
         # holds many events of few visitors, and every object built or LMDB
         # call made here runs on the writer thread, under the GIL.
-        seen: dict[tuple[str, str, str], tuple[list[int], list[str]]] = {}
+        seen: dict[tuple[str, str, str], list[VisitorEvent]] = {}
         read, last_key = 0, None
         rows = txn.cursor(db=dbs.outbox)
         if rows.set_range(outbox.seq_key(after + 1)):
             for key, value in islice(rows, self.batch):
                 read, last_key = read + 1, key
                 record = outbox.decode_facts(value)
+                native = record.key_type in NATIVE_KEY_TYPES
                 if record.visitor_id is not None:
                     # The admission stored the facts: no need to parse the event.
                     if record.event_type == "_consent_transition":
                         continue
-                    visitor, at_ms = record.visitor_id, record.committed_ms
-                    is_bot, category = record.is_bot, record.bot_category
+                    visitor = record.visitor_id
+                    event = VisitorEvent(
+                        record.committed_ms, record.is_bot, record.bot_category,
+                        record.event_type, native, record.event_ms,
+                    )
                 else:
                     # Written before records carried facts: parse the event itself.
                     facts = _facts.decode(outbox.decode(value).event)
                     if facts.type == "_consent_transition" or not isinstance(facts.bot, dict):
                         continue
-                    visitor, at_ms = facts.visitorId, facts.receivedAt or record.committed_ms
-                    is_bot, category = bool(facts.bot.get("isBot")), str(facts.bot.get("category", ""))
+                    visitor = facts.visitorId
+                    event = VisitorEvent(
+                        facts.receivedAt or record.committed_ms, bool(facts.bot.get("isBot")),
+                        str(facts.bot.get("category", "")), facts.type, native, facts.timestamp,
+                    )
                 vkey = (record.client_id, record.site_id, visitor)
-                entry = seen.get(vkey)
-                if entry is None:
-                    entry = seen[vkey] = ([], [])
-                entry[0].append(at_ms)
-                if is_bot:
-                    entry[1].append(category)
+                events = seen.get(vkey)
+                if events is None:
+                    seen[vkey] = [event]
+                else:
+                    events.append(event)
         last = int.from_bytes(last_key, "big") if last_key is not None else after
         if read:
             keys = [visitor_key(*vkey) for vkey in seen]
             stored = dict(txn.cursor(db=dbs.visitors).getmulti(keys)) if keys else {}
             txn.cursor(db=dbs.visitors).putmulti(
                 [
-                    (key, _encoder.encode(merge(_decode_stored(stored.get(key)), times, bots)))
-                    for key, (times, bots) in zip(keys, seen.values(), strict=True)
+                    (key, _encoder.encode(merge(_decode_stored(stored.get(key)), events)))
+                    for key, events in zip(keys, seen.values(), strict=True)
                 ]
             )
             txn.put(CURSOR.encode(), last.to_bytes(8, "big"), db=dbs.cursors)
@@ -174,6 +208,25 @@ class FoldVisitors:
 
 def _decode_stored(raw: bytes | memoryview | None) -> VisitorRecord | None:
     return _decoder.decode(raw) if raw is not None else None
+
+
+class VisitorView(msgspec.Struct, frozen=True):
+    """One visitor's record as of one read snapshot, and whether the fold is behind."""
+
+    record: VisitorRecord | None
+    behind: bool  # committed outbox entries the projection has not folded yet
+
+
+def read_visitor(storage: Storage, client_id: str, site_id: str, visitor_id: str) -> VisitorView:
+    """The visitor's record, the projection's cursor and the outbox head, from one snapshot."""
+    with mapped_lmdb_errors(), storage.read() as txn:
+        raw = txn.get(visitor_key(client_id, site_id, visitor_id), db=storage.dbs.visitors)
+        cursor = txn.get(CURSOR.encode(), db=storage.dbs.cursors)
+        next_seq = txn.get(outbox.NEXT_SEQ, db=storage.dbs.meta)
+        record = _decoder.decode(raw) if raw is not None else None
+    folded = int.from_bytes(cursor, "big") if cursor else 0
+    head = int.from_bytes(next_seq, "big") - 1 if next_seq else 0
+    return VisitorView(record, folded < head)
 
 
 def iter_visitors(storage: Storage, visitor_id: str, client_id: str | None = None) -> Iterator[tuple[str, str, VisitorRecord]]:

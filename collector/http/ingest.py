@@ -259,7 +259,7 @@ async def _admit(
 
 def _candidate(client_id: str, site_id: str, ev: AcceptedEvent) -> Candidate:
     state = ev.consent_state
-    facts = (ev.visitor_id, ev.event_type, ev.is_bot, ev.bot_category or "")  # for outbox consumers
+    facts = (ev.visitor_id, ev.event_type, ev.is_bot, ev.bot_category or "", ev.event_ms)  # for outbox consumers
     if state is None:
         return Candidate(ev.eid, ev.content_hash, ev.stored, _UNIT_OF[ev.meter], *facts)
     return Candidate(

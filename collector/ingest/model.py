@@ -56,6 +56,7 @@ class AcceptedEvent(msgspec.Struct, frozen=True):
     bot_category: str | None = None
     consent_state: ConsentState | None = None  # set for _consent_transition events
     visitor_id: str = ""
+    event_ms: int = 0  # the client's own timestamp (relative timing: rage clicks)
 
 
 class EventIssue(msgspec.Struct, frozen=True):

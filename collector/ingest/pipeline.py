@@ -338,6 +338,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
                 bot_category=bot.category,
                 consent_state=state_of(event, eid) if isinstance(event, ConsentTransition) else None,
                 visitor_id=to_store.visitorId,
+                event_ms=int(event.timestamp),
             )
         )
     if missing_ids:

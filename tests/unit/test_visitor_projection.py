@@ -12,20 +12,29 @@ from hypothesis import strategies as st
 from storage import outbox
 from storage.admission import Admission, Candidate
 from storage.env import Storage
-from storage.visitors import CURSOR, FoldVisitors, VisitorRecord, fold, iter_visitors, merge
+from storage.visitors import (
+    CURSOR,
+    FoldVisitors,
+    VisitorEvent,
+    VisitorRecord,
+    fold,
+    iter_visitors,
+    merge,
+    read_visitor,
+)
 from storage.writer import WriteContext, run_job_now
 
 
 def test_fold_takes_the_majority_and_the_most_frequent_category() -> None:
     record = None
     for is_bot, category in [(False, "human"), (True, "automation"), (False, "human")]:
-        record = fold(record, 1000, is_bot, category)
+        record = fold(record, VisitorEvent(1000, is_bot, category))
     assert record is not None and not record.is_bot and record.category == "human"
     for is_bot, category in [(True, "tool"), (True, "automation")]:
-        record = fold(record, 2000, is_bot, category)
+        record = fold(record, VisitorEvent(2000, is_bot, category))
     assert record.is_bot and record.category == "automation"  # 2 automation, 1 tool
     assert (record.events, record.bot_events, record.first_ms, record.last_ms) == (5, 3, 1000, 2000)
-    tied = fold(fold(None, 5, True, "tool"), 6, True, "crawler")
+    tied = fold(fold(None, VisitorEvent(5, True, "tool")), VisitorEvent(6, True, "crawler"))
     assert tied.category == "crawler"  # a tie goes to the latest
 
 
@@ -139,23 +148,69 @@ def test_facts_are_trusted_without_parsing_the_event(tmp_path: Path) -> None:
         storage.close()
 
 
-verdicts = st.lists(
-    st.tuples(st.integers(0, 50), st.booleans(), st.sampled_from(["tool", "crawler", "ai_crawler"])),
+events = st.lists(
+    st.builds(
+        VisitorEvent,
+        st.integers(0, 50),
+        st.booleans(),
+        st.sampled_from(["tool", "crawler", "ai_crawler"]),
+        st.sampled_from(["pageview", "click", "scroll", "form"]),
+        st.booleans(),
+        st.integers(0, 5000),
+    ),
     min_size=1, max_size=12,
 )
 
 
-def _fold_each(record: VisitorRecord | None, events: list[tuple[int, bool, str]]) -> VisitorRecord | None:
-    for at_ms, is_bot, category in events:
-        record = fold(record, at_ms, is_bot, category)
+def _fold_each(record: VisitorRecord | None, batch: list[VisitorEvent]) -> VisitorRecord | None:
+    for event in batch:
+        record = fold(record, event)
     return record
 
 
-@given(earlier=st.one_of(st.just([]), verdicts), batch=verdicts)
+@given(earlier=st.one_of(st.just([]), events), batch=events)
 def test_merging_a_batch_equals_folding_one_event_at_a_time(
-    earlier: list[tuple[int, bool, str]], batch: list[tuple[int, bool, str]]
+    earlier: list[VisitorEvent], batch: list[VisitorEvent]
 ) -> None:
+    # Everything a later event depends on (the click burst) must live in the
+    # record, or a batch split across fold passes would count differently.
     stored = _fold_each(None, earlier)
-    times = [at_ms for at_ms, _, _ in batch]
-    bots = [category for _, is_bot, category in batch if is_bot]
-    assert merge(stored, times, bots) == _fold_each(stored, batch)
+    assert merge(stored, batch) == _fold_each(stored, batch)
+
+
+def test_rage_clicks_are_the_third_and_later_clicks_of_a_burst() -> None:
+    def click(ms: int) -> VisitorEvent:
+        return VisitorEvent(1, False, "human", "click", False, ms)
+
+    # 5 clicks 200 ms apart (3 rage), a pause, 2 clicks (none), a pageview between
+    # clicks does not break a burst, a clock that goes back starts a new one.
+    times = [0, 200, 400, 600, 800, 5000, 5300]
+    record = merge(None, [click(ms) for ms in times])
+    assert (record.rage_clicks, record.types) == (3, {"click": 7})
+    record = merge(record, [VisitorEvent(1, False, "human", "pageview"), click(5600)])
+    assert record.rage_clicks == 4  # 5000, 5300, 5600: a third click within the gap
+    record = merge(record, [click(100), click(300)])
+    assert record.rage_clicks == 4 and record.click_burst == 2
+
+
+def test_records_written_before_the_snapshot_fields_still_decode() -> None:
+    # The six-field array that the projection stored before types and clicks existed.
+    old = msgspec.msgpack.encode([1000, 2000, 3, 1, {"crawler": 1}, "crawler"])
+    record = msgspec.msgpack.decode(old, type=VisitorRecord)
+    assert (record.types, record.rage_clicks, record.native_events) == ({}, 0, 0)
+    assert merge(record, [VisitorEvent(3000, False, "human", "click", False, 10)]).types == {"click": 1}
+
+
+def test_read_visitor_says_whether_the_fold_is_behind(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    try:
+        _append(storage, 1, "v1", "pageview", {"isBot": False, "category": "human"})
+        view = read_visitor(storage, "acme", "web", "v1")
+        assert view.record is None and view.behind
+        _fold(storage, batch=10)
+        view = read_visitor(storage, "acme", "web", "v1")
+        assert view.record is not None and view.record.types == {"pageview": 1} and not view.behind
+        _append(storage, 2, "v2", "click", {"isBot": False, "category": "human"})
+        assert read_visitor(storage, "acme", "web", "v1").behind  # v2's event is not folded yet
+    finally:
+        storage.close()
