@@ -33,6 +33,8 @@ from collector.http.ingest import make_ingest_handler
 from collector.http.ops import register_ops_routes
 from collector.http.replay import make_replay_handler
 from collector.http.router import Router
+from collector.http.signals import PREFIX as SIGNALS_PREFIX
+from collector.http.signals import make_signals_handler
 from collector.ingest.bots import BotClassifier
 from collector.limits.buckets import RateLimiter
 from collector.limits.usage import billing_period
@@ -174,6 +176,7 @@ def build_asgi(services: Services) -> Router:
     router.add("/v1/edge/pageview", make_ingest_handler(services, edge=True))
     router.add("/v1/consent", make_ingest_handler(services, edge=False, consent=True))
     router.add("/v1/replay", make_replay_handler(services))
+    router.add_prefix(SIGNALS_PREFIX, make_signals_handler(services))
     if services.settings.bench_routes:
         router.add("/_bench/noop", noop_handler)
     return router

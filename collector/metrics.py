@@ -23,6 +23,7 @@ EVENT_OUTCOMES = ("accepted", "duplicate", "rejected", "dropped")
 LABELLED = {
     "collector_events_dropped": ("Events dropped before admission, by reason", "reason"),
     "collector_events_bot": ("Events classified as bot traffic when admitted, by category", "category"),
+    "collector_signals_reads": ("Visitor snapshots served, by coverage mode (full or degraded)", "mode"),
 }
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+
+import msgspec
 
 from storage.env import Storage
 from storage.errors import mapped_lmdb_errors
+from storage.writer import WriteContext
 
 
 def counter_key(account: str, period: str, kind: str) -> bytes:
@@ -32,3 +35,34 @@ def iter_counters(storage: Storage) -> Iterator[tuple[str, str, str, int]]:
     for key, value in rows:
         account, period, kind = bytes(key).decode().split("\x00")
         yield account, period, kind, decode_value(bytes(value))
+
+
+class Spend(msgspec.Struct, frozen=True):
+    """The outcome of a SpendUnits job."""
+
+    used: int  # the counter after the job (unchanged when not spent)
+    spent: bool
+    readable: bool = True  # False: the stored value is not a counter; nothing was written
+
+
+class SpendUnits:
+    """A write job: add `units` to one counter when `allow(used, units)` says so.
+
+    Reads, decides, then writes, like the admission: a refusal writes nothing.
+    A stored value that is not a counter is never guessed at or overwritten.
+    """
+
+    __slots__ = ("key", "units", "allow")
+
+    def __init__(self, key: bytes, units: int, allow: Callable[[int, int], bool]) -> None:
+        self.key, self.units, self.allow = key, units, allow
+
+    def run(self, ctx: WriteContext) -> Spend:
+        raw = ctx.txn.get(self.key, db=ctx.dbs.counters)
+        if raw is not None and len(raw) != 8:
+            return Spend(0, False, readable=False)
+        used = decode_value(raw)
+        if not self.allow(used, self.units):
+            return Spend(used, False)
+        ctx.txn.put(self.key, encode_value(used + self.units), db=ctx.dbs.counters)
+        return Spend(used + self.units, True)

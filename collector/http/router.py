@@ -18,7 +18,7 @@ from collector.services import Services
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 QUART_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
-# Route prefixes Quart serves once the signals and realtime routes exist.
+# Route prefixes Quart serves once the realtime routes exist.
 QUART_PREFIXES: tuple[str, ...] = ()
 
 
@@ -27,15 +27,22 @@ class Router:
         self.quart = quart
         self.services = services
         self._routes: dict[str, Handler] = {}
+        self._prefixes: list[tuple[str, Handler]] = []
 
     def add(self, path: str, handler: Handler) -> None:
         self._routes[path] = handler
+
+    def add_prefix(self, prefix: str, handler: Handler) -> None:
+        """Every path under `prefix` (a route with a path parameter)."""
+        self._prefixes.append((prefix, handler))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
             path = scope["path"]
             handler = self._routes.get(path) or self._routes.get(path.rstrip("/"))
+            if handler is None:
+                handler = next((h for prefix, h in self._prefixes if path.startswith(prefix)), None)
             if handler is not None:
                 await handler(scope, receive, send)
                 return

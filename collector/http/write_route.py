@@ -90,8 +90,14 @@ async def read_capped_body(request: Request, receive: Receive) -> bytes:
     return await read_body(request, receive, GZIP_BODY_LIMIT if gzip else RAW_BODY_LIMIT)
 
 
-def make_write_handler(services: Services, route: str, work: Work, *, retry_hint: str) -> Handler:
-    """An ASGI handler for `route`; `retry_hint` ends the storage_unavailable message."""
+def make_write_handler(
+    services: Services, route: str, work: Work, *, retry_hint: str, method: str = "POST"
+) -> Handler:
+    """An ASGI handler for `route`; `retry_hint` ends the storage_unavailable message.
+
+    `method` is the one method the route serves besides the CORS preflight
+    (GET for the signals read, which shares this shell's gates and refusals).
+    """
     access_log = services.settings.access_log
 
     async def handle(scope: Scope, receive: Receive, send: Send) -> None:
@@ -109,8 +115,8 @@ def make_write_handler(services: Services, route: str, work: Work, *, retry_hint
                 )
                 services.metrics.count_request(route, 204)
                 return
-            if request.method != "POST":
-                raise ServiceError("method_not_allowed", f"{route} accepts POST only")
+            if request.method != method:
+                raise ServiceError("method_not_allowed", f"{route} accepts {method} only")
             status, body = await work(services, request, receive, headers, seen)
         except ServiceError as error:
             status, body, error_code = error.status, render_error(error), error.code

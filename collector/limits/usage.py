@@ -186,3 +186,13 @@ def current_snapshot(policy: UsagePolicy, period: str, *, pageviews: int, covera
         billing_mode=_pageview_mode(policy, pageviews),
         coverage_mode=_coverage_mode(policy, coverage),
     )
+
+
+def coverage_read_allowed(policy: UsagePolicy, used: int, units: int) -> bool:
+    """May a signals read spend `units` more (spec 3: otherwise it is degraded)?
+
+    Within the included units, or within the coverage safety ceiling while
+    paid overage is on.
+    """
+    after = used + units
+    return after <= policy.coverage_included or (policy.overage and after <= policy.coverage_ceiling)

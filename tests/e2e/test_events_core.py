@@ -289,7 +289,7 @@ async def test_edge_pageview(server: RunningServer) -> None:
 
 
 async def test_unknown_routes_and_methods_use_the_error_format(server: RunningServer) -> None:
-    for path in ("/v1/signals/v1", "/nope"):
+    for path in ("/v1/signals/v1/history", "/v1/live/sessions", "/nope"):
         response = await server.client.get(path)
         assert response.status_code == 404 and response.json()["error"] == "not_found"
     response = await server.client.get("/v1/events")

@@ -1,0 +1,149 @@
+"""GET /v1/signals/:visitorId: the visitor snapshot (spec 2.6, 4.2).
+
+Shares the write routes' shell (preflight, refusals, metrics, access log) and
+gates: key, suspension, domain gate and site scope, the `signals-read` rate
+bucket. Each full read spends Signals Coverage units through the group-commit
+writer before it reads the visitor, so a read that answers `full` is billed
+durably; when the units are not available, or metering fails, the answer is
+the degraded placeholder with HTTP 200 (spec 3), never a 5xx.
+"""
+
+from __future__ import annotations
+
+import logging
+from urllib.parse import unquote
+
+import msgspec
+
+from collector.access.domains import bind_site, gate
+from collector.access.gate import resolve_key
+from collector.access.tenants import KeyType, Plan
+from collector.errors import ServiceError
+from collector.http.asgi import Receive, Request
+from collector.http.write_route import Handler, Seen, make_write_handler, spend_request_token
+from collector.limits.usage import (
+    COVERAGE_UNIT,
+    CoverageMode,
+    UsagePolicy,
+    billing_period,
+    coverage_read_allowed,
+    policy_for,
+)
+from collector.services import Services
+from collector.signals.snapshot import degraded, snapshot
+from storage import counters
+from storage.errors import StorageError, WriterBusy
+from storage.visitors import read_visitor
+
+log = logging.getLogger("collector.signals")
+
+ROUTE = "/v1/signals/:visitorId"
+PREFIX = "/v1/signals/"
+MAX_ID = 128  # spec 8.1: visitorId and sessionId
+_encoder = msgspec.json.Encoder()
+
+
+def make_signals_handler(services: Services) -> Handler:
+    return make_write_handler(
+        services, ROUTE, _read_snapshot, retry_hint="retry the read", method="GET"
+    )
+
+
+def _visitor_from_path(request: Request) -> str:
+    """The visitorId path segment, URL-decoded; the stream sub-route is WebSocket-only."""
+    raw = request.scope.get("raw_path") or request.path.encode()
+    try:
+        segments = raw.decode("ascii").split("?", 1)[0][len(PREFIX):].split("/")
+    except UnicodeDecodeError:
+        raise ServiceError("validation_error", "the path must be percent-encoded ASCII") from None
+    if len(segments) == 2 and segments[1] == "stream":
+        raise ServiceError(
+            "upgrade_required", "GET /v1/signals/:visitorId/stream is a WebSocket: send an Upgrade request"
+        )
+    if len(segments) != 1:
+        raise ServiceError("not_found", f"no route for {request.method} {request.path}")
+    try:
+        return unquote(segments[0], errors="strict")
+    except UnicodeDecodeError:
+        raise ServiceError("validation_error", "visitorId is not percent-encoded UTF-8") from None
+
+
+def _checked_id(name: str, value: str) -> str:
+    if not 1 <= len(value) <= MAX_ID:
+        raise ServiceError("validation_error", f"{name} must be 1 to {MAX_ID} characters, got {len(value)}")
+    return value
+
+
+async def _read_snapshot(
+    services: Services, request: Request, receive: Receive, headers: list[tuple[str, str]], seen: Seen
+) -> tuple[int, bytes]:
+    visitor_path = _visitor_from_path(request)
+    hdr, query = request.headers, request.query
+    header_key, query_key = hdr.get("x-api-key"), query.get("key")
+    record, from_header = resolve_key(services.keys, header_key, query_key)
+    if record.key_type is KeyType.SERVER and not from_header:
+        raise ServiceError(
+            "missing_api_key", "a server key is accepted only in the X-API-Key header, never in the URL"
+        )
+    if record.suspended:
+        raise ServiceError("account_suspended", "this account is suspended")
+    seen.client_id = record.clientId
+    matched = gate(record, hdr.get("origin"), hdr.get("referer"))
+    site = bind_site(record, matched)
+    spend_request_token(services, record, site, "signals-read", headers)
+    visitor_id = _checked_id("visitorId", visitor_path)
+    session_id = query.get("sessionId")
+    if session_id is not None:
+        _checked_id("sessionId", session_id)
+    elif record.site_plan(site) is Plan.FREE:
+        raise ServiceError(
+            "session_id_required", "on the free plan a signals read needs the visitor's sessionId parameter"
+        )
+    now_ms = services.now_ms()
+    policy = policy_for(record)
+    period = billing_period(now_ms)
+    # Spec 4.2: one unit with a sessionId; without it one per rate partition.
+    units = 1 if session_id is not None else services.limiter.partitions
+    mode, used = await _spend_coverage(services, policy, period, units)
+    headers.extend(
+        [
+            ("Cache-Control", "no-store"),
+            ("X-Service-Signals-Coverage-Period", period),
+            ("X-Service-Signals-Coverage-Limit", str(policy.coverage_included)),
+            ("X-Service-Signals-Coverage-Ceiling", str(policy.coverage_ceiling)),
+            ("X-Service-Signals-Coverage-Mode", mode.value),
+        ]
+    )
+    if used is not None:  # unknown when metering failed: left out rather than guessed
+        headers.append(("X-Service-Signals-Coverage-Used", str(used)))
+    services.metrics.count_labelled("collector_signals_reads", mode.value)
+    if mode is CoverageMode.DEGRADED:
+        return 200, _encoder.encode(
+            degraded(visitor_id=visitor_id, site_id=site.siteId, session_id=session_id, now_ms=now_ms)
+        )
+    try:
+        view = read_visitor(services.storage, record.clientId, site.siteId, visitor_id)
+    except StorageError as exc:
+        # The units are spent and the read failed: say so plainly; a retry is billed again.
+        raise ServiceError("storage_unavailable", f"the visitor record could not be read ({exc}); retry") from None
+    return 200, _encoder.encode(
+        snapshot(view, visitor_id=visitor_id, site_id=site.siteId, session_id=session_id, now_ms=now_ms)
+    )
+
+
+async def _spend_coverage(
+    services: Services, policy: UsagePolicy, period: str, units: int
+) -> tuple[CoverageMode, int | None]:
+    """(mode, counter after the read): full when the units were spent and committed."""
+    key = counters.counter_key(policy.account, period, COVERAGE_UNIT)
+    try:
+        spend = await services.writer.submit(
+            counters.SpendUnits(key, units, lambda used, more: coverage_read_allowed(policy, used, more))
+        )
+    except (WriterBusy, StorageError) as exc:
+        log.warning("coverage metering unavailable, answering degraded: %s", exc)
+        return CoverageMode.DEGRADED, None
+    if not spend.readable:
+        log.warning("coverage counter %r is unreadable, answering degraded", key)
+        return CoverageMode.DEGRADED, None
+    return (CoverageMode.FULL if spend.spent else CoverageMode.DEGRADED), spend.used

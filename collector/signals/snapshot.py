@@ -1,0 +1,115 @@
+"""The visitor snapshot (VisitorContext, spec 2.6) from a visitor record: pure.
+
+The spec names coverageMode, pending, stale, behavioralClass, bot.isBot,
+bot.category, scores.frustration and scores.conversionReadiness; the rest
+of the shape and every formula here are ours (README, "Visitor snapshots").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from storage.visitors import VisitorRecord, VisitorView
+
+STALE_AFTER_MS = 30 * 60 * 1000  # the client session idle window (spec 8.5)
+SUSPICIOUS_FROM = 25  # bot score at which a visitor that is not a bot is suspicious
+NEUTRAL_CONFIDENCE = 50  # spec 2.6: native and server sessions
+
+
+def bot_score(record: VisitorRecord) -> int:
+    """The share of the visitor's verdict-carrying events judged bot, 0-100."""
+    return round(100 * record.bot_events / record.events) if record.events else 0
+
+
+def behavioral_class(record: VisitorRecord) -> str:
+    if record.is_bot:
+        return "bot"
+    return "suspicious" if bot_score(record) >= SUSPICIOUS_FROM else "human"
+
+
+def human_confidence(record: VisitorRecord) -> int:
+    # Spec 2.6: behaviour is not observed in native or server sessions, so
+    # their human-confidence is fixed at a neutral 50.
+    if record.native_events and record.native_events * 2 >= record.events:
+        return NEUTRAL_CONFIDENCE
+    return 100 - bot_score(record)
+
+
+def frustration(record: VisitorRecord) -> int:
+    """Rage clicks per click, doubled and capped: a third of clicks in rage bursts is 67."""
+    clicks = record.types.get("click", 0)
+    return min(100, round(200 * record.rage_clicks / clicks)) if clicks else 0
+
+
+def conversion_readiness(record: VisitorRecord) -> int:
+    """Engagement points: depth of visit, scrolling, forms, identification."""
+    if record.is_bot:
+        return 0
+    types = record.types
+    points = 10 * min(types.get("pageview", 0), 4) + 5 * min(types.get("scroll", 0), 4)
+    points += 20 if types.get("form") else 0
+    points += 30 if types.get("identify") else 0
+    return min(100, points)
+
+
+def snapshot(
+    view: VisitorView, *, visitor_id: str, site_id: str, session_id: str | None, now_ms: int
+) -> dict[str, Any]:
+    """A full-coverage snapshot."""
+    record = view.record
+    head = {"visitorId": visitor_id, "siteId": site_id, "sessionId": session_id, "coverageMode": "full"}
+    if record is None:
+        return {
+            **head,
+            "pending": True,
+            "stale": False,
+            "behavioralClass": "unknown",
+            "bot": {"isBot": False, "category": "unknown", "score": 0},
+            "scores": {"frustration": 0, "conversionReadiness": 0, "humanConfidence": NEUTRAL_CONFIDENCE},
+            "asOf": now_ms,
+        }
+    types = record.types
+    return {
+        **head,
+        "pending": view.behind,
+        "stale": now_ms - record.last_ms > STALE_AFTER_MS,
+        "behavioralClass": behavioral_class(record),
+        "bot": {"isBot": record.is_bot, "category": record.category, "score": bot_score(record)},
+        "scores": {
+            "frustration": frustration(record),
+            "conversionReadiness": conversion_readiness(record),
+            "humanConfidence": human_confidence(record),
+        },
+        "activity": {
+            "events": record.events,
+            "pageviews": types.get("pageview", 0),
+            "clicks": types.get("click", 0),
+            "scrolls": types.get("scroll", 0),
+            "forms": types.get("form", 0),
+            "customs": types.get("custom", 0),
+            "identifies": types.get("identify", 0),
+            "rageClicks": record.rage_clicks,
+            "firstSeen": record.first_ms,
+            "lastSeen": record.last_ms,
+        },
+        "asOf": now_ms,
+    }
+
+
+def degraded(*, visitor_id: str, site_id: str, session_id: str | None, now_ms: int) -> dict[str, Any]:
+    """The neutral placeholder (spec 3: coverage exhausted or metering unavailable).
+
+    Nothing of the visitor is read or revealed.
+    """
+    return {
+        "visitorId": visitor_id,
+        "siteId": site_id,
+        "sessionId": session_id,
+        "coverageMode": "degraded",
+        "pending": False,
+        "stale": False,
+        "behavioralClass": "suspicious",
+        "bot": {"isBot": False, "category": "unknown", "score": 0},
+        "scores": {"frustration": 0, "conversionReadiness": 0, "humanConfidence": NEUTRAL_CONFIDENCE},
+        "asOf": now_ms,
+    }
