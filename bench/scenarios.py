@@ -15,6 +15,7 @@ from bench import bodies
 from bench.server import Collector
 
 LUA = Path(__file__).parent / "lua" / "fresh_ids.lua"
+READ_LUA = Path(__file__).parent / "lua" / "signals_read.lua"
 BENCH_KEY = "cs_live_bench00000000"
 SLOW_KEY = "cs_live_benchslow0000"
 ORIGIN = "https://bench.example"
@@ -102,12 +103,15 @@ def gzip_pool(workdir: Path, count: int) -> Path:
     return path
 
 
-SCENARIOS = ("baseline", "single", "batch25", "batch25-gzip", "replay", "mixed-tenants", "over-limit")
+SCENARIOS = ("baseline", "single", "batch25", "batch25-gzip", "replay", "mixed-tenants", "over-limit",
+             "signals-read")
 # `soak` runs after these (bench/soak.py): it needs batch25's maximum rate
 
 
 def run_scenario(name: str, wrk: str, *, seconds: float, warmup: float, connections: int,
                  workers: int = 1) -> Result:
+    if name == "signals-read":
+        return run_signals_read(wrk, seconds=seconds, warmup=warmup, connections=connections, workers=workers)
     with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
         workdir = Path(tmp)
         tenants, key_file = write_tenants(workdir, 10_000 if name == "mixed-tenants" else 0)
@@ -162,6 +166,67 @@ def run_scenario(name: str, wrk: str, *, seconds: float, warmup: float, connecti
                 socket_errors=int(stats["socket_errors"]),
                 events_per_request=size,
                 note=note,
+                workers=workers,
+            )
+        finally:
+            server.stop()
+
+
+def run_signals_read(wrk: str, *, seconds: float, warmup: float, connections: int, workers: int = 1) -> Result:
+    """Snapshot reads of the batch25 visitor while batch25 ingest runs beside them.
+
+    Half the connections read (GET /v1/signals/:visitorId with its sessionId:
+    one coverage unit each, metered through the group-commit writer), half
+    ingest 25-event batches. The row reports the reads; the note the ingest.
+    """
+    with tempfile.TemporaryDirectory(prefix="bench-signals-read-") as tmp:
+        workdir = Path(tmp)
+        tenants, _ = write_tenants(workdir)
+        body = workdir / "body.json"
+        body.write_bytes(bodies.batch(25))
+        sample = json.loads(body.read_bytes().replace(b"@ID@", b"x"))["events"][0]
+        server = Collector(workdir, tenants, workers=workers)
+        readers, writers = max(1, connections // 2), max(1, connections - connections // 2)
+        try:
+            ingest_argv = wrk_argv(wrk, server.url + "/v1/events", body, warmup + seconds + 1, writers)
+            read_argv = [wrk, "-t1", f"-c{readers}", "--timeout", "10s", "-s", str(READ_LUA), server.url,
+                         "--", sample["visitorId"], sample["sessionId"], BENCH_KEY, ORIGIN]
+            ingest = subprocess.Popen(ingest_argv, stdout=subprocess.PIPE, text=True)
+            try:
+                if warmup:
+                    subprocess.run([*read_argv[:3], f"-d{max(1, round(warmup))}s", *read_argv[3:]],
+                                   capture_output=True, check=True)
+                cpu0, (jobs0, txns0) = server.cpu_seconds(), server.writer_counts()
+                out = subprocess.run([*read_argv[:3], f"-d{max(1, round(seconds))}s", *read_argv[3:]],
+                                     capture_output=True, text=True, check=True).stdout
+                cpu = server.cpu_seconds() - cpu0
+                jobs1, txns1 = server.writer_counts()
+            finally:
+                ingest_stats = parse_wrk(ingest.communicate(timeout=seconds + warmup + 30)[0])
+            reads = parse_wrk(out)
+            elapsed = reads["duration_us"] / 1e6
+            ingest_rps = ingest_stats["requests"] / (ingest_stats["duration_us"] / 1e6)
+            return Result(
+                scenario="signals-read",
+                connections=readers,
+                requests_per_s=round(reads["requests"] / elapsed, 1),
+                events_per_s=round((ingest_stats["requests"] - ingest_stats["non2xx"]) * 25
+                                   / (ingest_stats["duration_us"] / 1e6), 1),
+                p50_ms=reads["p50_us"] / 1000,
+                p99_ms=reads["p99_us"] / 1000,
+                p999_ms=reads["p999_us"] / 1000,
+                cpu_s_per_1000_events=0.0,
+                # CPU of the whole server (reads and ingest) per read
+                cpu_ms_per_request=round(cpu / reads["requests"] * 1000, 3) if reads["requests"] else 0.0,
+                peak_rss_mb=round(server.peak_rss_bytes() / 2**20, 1),
+                group_commit_size=round((jobs1 - jobs0) / (txns1 - txns0), 1) if txns1 > txns0 else 0.0,
+                non2xx=int(reads["non2xx"]),
+                socket_errors=int(reads["socket_errors"]),
+                events_per_request=0,
+                note=(f"reads of one active visitor on {readers} connections while batch25 ingest ran on"
+                      f" {writers}: ingest {ingest_rps:.0f} req/s, p99 {ingest_stats['p99_us'] / 1000:.1f} ms,"
+                      f" {int(ingest_stats['non2xx'])} non-2xx; events/s is the ingest's; cpu per read"
+                      " counts the whole server"),
                 workers=workers,
             )
         finally:
