@@ -49,23 +49,28 @@ def make_signals_handler(services: Services) -> Handler:
     )
 
 
-def _visitor_from_path(request: Request) -> str:
-    """The visitorId path segment, URL-decoded; the stream sub-route is WebSocket-only."""
-    raw = request.scope.get("raw_path") or request.path.encode()
-    try:
-        segments = raw.decode("ascii").split("?", 1)[0][len(PREFIX):].split("/")
-    except UnicodeDecodeError:
-        raise ServiceError("validation_error", "the path must be percent-encoded ASCII") from None
-    if len(segments) == 2 and segments[1] == "stream":
+def _visitor_segment(request: Request) -> bytes:
+    """The raw visitorId path segment (still percent-encoded), after routing checks.
+
+    A path with more segments is another route: the stream sub-route is
+    WebSocket-only (426), anything else does not exist (404).
+    """
+    raw: bytes = request.scope.get("raw_path") or request.path.encode()
+    segments = raw.split(b"?", 1)[0][len(PREFIX) :].split(b"/")
+    if len(segments) == 2 and segments[1] == b"stream":
         raise ServiceError(
             "upgrade_required", "GET /v1/signals/:visitorId/stream is a WebSocket: send an Upgrade request"
         )
     if len(segments) != 1:
         raise ServiceError("not_found", f"no route for {request.method} {request.path}")
+    return segments[0]
+
+
+def _decoded_visitor(segment: bytes) -> str:
     try:
-        return unquote(segments[0], errors="strict")
+        return unquote(segment.decode("ascii"), errors="strict")
     except UnicodeDecodeError:
-        raise ServiceError("validation_error", "visitorId is not percent-encoded UTF-8") from None
+        raise ServiceError("validation_error", "visitorId must be percent-encoded UTF-8") from None
 
 
 def _checked_id(name: str, value: str) -> str:
@@ -77,7 +82,7 @@ def _checked_id(name: str, value: str) -> str:
 async def _read_snapshot(
     services: Services, request: Request, receive: Receive, headers: list[tuple[str, str]], seen: Seen
 ) -> tuple[int, bytes]:
-    visitor_path = _visitor_from_path(request)
+    segment = _visitor_segment(request)
     hdr, query = request.headers, request.query
     header_key, query_key = hdr.get("x-api-key"), query.get("key")
     record, from_header = resolve_key(services.keys, header_key, query_key)
@@ -91,7 +96,7 @@ async def _read_snapshot(
     matched = gate(record, hdr.get("origin"), hdr.get("referer"))
     site = bind_site(record, matched)
     spend_request_token(services, record, site, "signals-read", headers)
-    visitor_id = _checked_id("visitorId", visitor_path)
+    visitor_id = _checked_id("visitorId", _decoded_visitor(segment))
     session_id = query.get("sessionId")
     if session_id is not None:
         _checked_id("sessionId", session_id)
