@@ -12,7 +12,8 @@ with tenants and periods, not with events), and reports:
   unit). Counters are keyed by billing account, so only a client whose every
   key bills into its own clientId is compared (other clients pooling into it
   only raise its counter); other clients are skipped with a note. Counters
-  may legitimately be higher: retention removes outbox rows, not counts;
+  may legitimately be higher: retention removes outbox rows, not counts,
+  and signals snapshot reads spend coverage units no outbox event explains;
 - every session-replay chunk has a well-formed key and a record that decodes;
 - the reveal audit log's hash chain is intact (no entry edited or removed).
 """

@@ -47,6 +47,14 @@ class RecordFacts(OutboxRecord, array_like=True, frozen=True):
     event: msgspec.Raw  # type: ignore[assignment]
 
 
+MAX_EVENT_MS = 2**62  # event_ms is a msgpack int: a wild client clock must still encode
+
+
+def event_time(value: int | float | None) -> int:
+    """A client timestamp as a record keeps it: whole ms, 0 (unknown) when out of range."""
+    return int(value) if value is not None and 0 < value < MAX_EVENT_MS else 0
+
+
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(OutboxRecord)
 _facts_decoder = msgspec.msgpack.Decoder(RecordFacts)

@@ -23,6 +23,7 @@ category (the latest on a tie).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from itertools import islice
 from typing import Any, NamedTuple
@@ -35,6 +36,7 @@ from storage.errors import mapped_lmdb_errors
 from storage.writer import WriteContext
 
 CURSOR = "visitors"
+log = logging.getLogger("collector.projection")
 
 
 class VisitorRecord(msgspec.Struct, array_like=True, frozen=True):
@@ -80,7 +82,8 @@ class _EventFacts(msgspec.Struct):
     visitorId: str = ""
     type: str = ""
     receivedAt: int = 0
-    timestamp: int = 0
+    timestamp: int | float = 0  # the stored time: the server's when the client's was skewed
+    clientTimestamp: int | float | None = None  # the client's, kept when it was skewed
     bot: Any = None
 
 
@@ -129,6 +132,9 @@ def merge(record: VisitorRecord | None, events: list[VisitorEvent]) -> VisitorRe
             bot_events += 1
             last_category = ev.category
         if ev.event_type == "click":
+            if ev.event_ms <= 0:  # time unknown (a record from before times were kept)
+                burst, last_click = 0, 0
+                continue
             gap = ev.event_ms - last_click
             burst = burst + 1 if burst and 0 <= gap <= RAGE_GAP_MS else 1
             rage += burst >= RAGE_FROM
@@ -178,13 +184,20 @@ class FoldVisitors:
                     )
                 else:
                     # Written before records carried facts: parse the event itself.
-                    facts = _facts.decode(outbox.decode(value).event)
+                    try:
+                        facts = _facts.decode(outbox.decode(value).event)
+                    except (msgspec.DecodeError, msgspec.ValidationError):
+                        # One unreadable old record must not stall the projection
+                        # (and retention behind it): it carries no verdict to fold.
+                        log.warning("visitor fold skipped unreadable outbox record %s", bytes(key).hex())
+                        continue
                     if facts.type == "_consent_transition" or not isinstance(facts.bot, dict):
                         continue
                     visitor = facts.visitorId
+                    client_ms = facts.clientTimestamp if facts.clientTimestamp is not None else facts.timestamp
                     event = VisitorEvent(
                         facts.receivedAt or record.committed_ms, bool(facts.bot.get("isBot")),
-                        str(facts.bot.get("category", "")), facts.type, native, facts.timestamp,
+                        str(facts.bot.get("category", "")), facts.type, native, outbox.event_time(client_ms),
                     )
                 vkey = (record.client_id, record.site_id, visitor)
                 events = seen.get(vkey)

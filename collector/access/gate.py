@@ -63,6 +63,26 @@ def admit_writer(
     return Caller(record, site, from_header)
 
 
+def admit_reader(
+    cache: KeyCache, *, header_key: str | None, query_key: str | None, origin: str | None, referer: str | None
+) -> Caller:
+    """Gate a browser-facing read (GET /v1/signals/:visitorId): key, suspension, domains, site.
+
+    No server signature (spec 5.2 signs event writes) and no scope (5.3 names
+    none for the snapshot). A server key is taken from the header only: spec
+    5.1 keeps keys out of URLs, and only browsers and apps need the parameter.
+    """
+    record, from_header = resolve_key(cache, header_key, query_key)
+    if record.key_type is KeyType.SERVER and not from_header:
+        raise ServiceError(
+            "missing_api_key", "a server key is accepted only in the X-API-Key header, never in the URL"
+        )
+    if record.suspended:
+        raise ServiceError("account_suspended", "this account is suspended")
+    site = bind_site(record, gate(record, origin, referer))
+    return Caller(record, site, from_header)
+
+
 def admit_key(
     cache: KeyCache,
     *,

@@ -58,6 +58,7 @@ from storage.admission import (
 from storage.consent import RecordedConsent, consent_key, read_consent
 from storage.errors import StorageError
 from storage.idempotency import public_ledger_key
+from storage.outbox import event_time
 from storage.writer import JobRefused
 
 EDGE_ROUTE = "/v1/edge/pageview"
@@ -259,7 +260,8 @@ async def _admit(
 
 def _candidate(client_id: str, site_id: str, ev: AcceptedEvent) -> Candidate:
     state = ev.consent_state
-    facts = (ev.visitor_id, ev.event_type, ev.is_bot, ev.bot_category or "", ev.event_ms)  # for outbox consumers
+    # The facts outbox consumers read instead of parsing the event.
+    facts = (ev.visitor_id, ev.event_type, ev.is_bot, ev.bot_category or "", event_time(ev.event_ms))
     if state is None:
         return Candidate(ev.eid, ev.content_hash, ev.stored, _UNIT_OF[ev.meter], *facts)
     return Candidate(

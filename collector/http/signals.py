@@ -15,9 +15,8 @@ from urllib.parse import unquote
 
 import msgspec
 
-from collector.access.domains import bind_site, gate
-from collector.access.gate import resolve_key
-from collector.access.tenants import KeyType, Plan
+from collector.access.gate import admit_reader
+from collector.access.tenants import Plan
 from collector.errors import ServiceError
 from collector.http.asgi import Receive, Request
 from collector.http.write_route import Handler, Seen, make_write_handler, spend_request_token
@@ -39,13 +38,14 @@ log = logging.getLogger("collector.signals")
 
 ROUTE = "/v1/signals/:visitorId"
 PREFIX = "/v1/signals/"
+PREFIX_BYTES = PREFIX.encode()
 MAX_ID = 128  # spec 8.1: visitorId and sessionId
 _encoder = msgspec.json.Encoder()
 
 
 def make_signals_handler(services: Services) -> Handler:
     return make_write_handler(
-        services, ROUTE, _read_snapshot, retry_hint="retry the read", method="GET"
+        services, ROUTE, _read_snapshot, retry_hint="retry the read", method="GET", route_check=_visitor_segment
     )
 
 
@@ -55,13 +55,16 @@ def _visitor_segment(request: Request) -> bytes:
     A path with more segments is another route: the stream sub-route is
     WebSocket-only (426), anything else does not exist (404).
     """
-    raw: bytes = request.scope.get("raw_path") or request.path.encode()
-    segments = raw.split(b"?", 1)[0][len(PREFIX) :].split(b"/")
+    raw: bytes = (request.scope.get("raw_path") or request.path.encode()).split(b"?", 1)[0]
+    # The router matched the decoded path: "/v1/signals%2Fx" is not this route.
+    segments = raw[len(PREFIX_BYTES) :].split(b"/") if raw.startswith(PREFIX_BYTES) else []
     if len(segments) == 2 and segments[1] == b"stream":
         raise ServiceError(
             "upgrade_required", "GET /v1/signals/:visitorId/stream is a WebSocket: send an Upgrade request"
         )
-    if len(segments) != 1:
+    # POST /v1/signals/batch is spec 4.2's direct identity API, which is not built.
+    unbuilt = request.method == "POST" and segments == [b"batch"]
+    if len(segments) != 1 or not segments[0] or unbuilt:
         raise ServiceError("not_found", f"no route for {request.method} {request.path}")
     return segments[0]
 
@@ -84,17 +87,15 @@ async def _read_snapshot(
 ) -> tuple[int, bytes]:
     segment = _visitor_segment(request)
     hdr, query = request.headers, request.query
-    header_key, query_key = hdr.get("x-api-key"), query.get("key")
-    record, from_header = resolve_key(services.keys, header_key, query_key)
-    if record.key_type is KeyType.SERVER and not from_header:
-        raise ServiceError(
-            "missing_api_key", "a server key is accepted only in the X-API-Key header, never in the URL"
-        )
-    if record.suspended:
-        raise ServiceError("account_suspended", "this account is suspended")
+    caller = admit_reader(
+        services.keys,
+        header_key=hdr.get("x-api-key"),
+        query_key=query.get("key"),
+        origin=hdr.get("origin"),
+        referer=hdr.get("referer"),
+    )
+    record, site = caller.record, caller.site
     seen.client_id = record.clientId
-    matched = gate(record, hdr.get("origin"), hdr.get("referer"))
-    site = bind_site(record, matched)
     spend_request_token(services, record, site, "signals-read", headers)
     visitor_id = _checked_id("visitorId", _decoded_visitor(segment))
     session_id = query.get("sessionId")
@@ -128,7 +129,7 @@ async def _read_snapshot(
         )
     try:
         view = read_visitor(services.storage, record.clientId, site.siteId, visitor_id)
-    except StorageError as exc:
+    except (StorageError, msgspec.DecodeError, msgspec.ValidationError) as exc:
         # The units are spent and the read failed: say so plainly; a retry is billed again.
         raise ServiceError("storage_unavailable", f"the visitor record could not be read ({exc}); retry") from None
     return 200, _encoder.encode(

@@ -91,12 +91,20 @@ async def read_capped_body(request: Request, receive: Receive) -> bytes:
 
 
 def make_write_handler(
-    services: Services, route: str, work: Work, *, retry_hint: str, method: str = "POST"
+    services: Services,
+    route: str,
+    work: Work,
+    *,
+    retry_hint: str,
+    method: str = "POST",
+    route_check: Callable[[Request], object] | None = None,
 ) -> Handler:
     """An ASGI handler for `route`; `retry_hint` ends the storage_unavailable message.
 
     `method` is the one method the route serves besides the CORS preflight
     (GET for the signals read, which shares this shell's gates and refusals).
+    `route_check`, for a route with a path parameter, refuses a path that is
+    another route (404, 426) before the method is looked at.
     """
     access_log = services.settings.access_log
 
@@ -108,6 +116,8 @@ def make_write_handler(
         seen = Seen()
         error_code: str | None = None
         try:
+            if route_check is not None:
+                route_check(request)
             if request.method == "OPTIONS":
                 preflight_gate(services, request)
                 await send_response(

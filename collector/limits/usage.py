@@ -194,5 +194,6 @@ def coverage_read_allowed(policy: UsagePolicy, used: int, units: int) -> bool:
     Within the included units, or within the coverage safety ceiling while
     paid overage is on.
     """
-    after = used + units
-    return after <= policy.coverage_included or (policy.overage and after <= policy.coverage_ceiling)
+    # The same thresholds as the coverage mode: full while the last unit spent
+    # would still have been a full one.
+    return _coverage_mode(policy, used + units - 1) is CoverageMode.FULL

@@ -29,8 +29,11 @@ def behavioral_class(record: VisitorRecord) -> str:
 
 def human_confidence(record: VisitorRecord) -> int:
     # Spec 2.6: behaviour is not observed in native or server sessions, so
-    # their human-confidence is fixed at a neutral 50.
-    if record.native_events and record.native_events * 2 >= record.events:
+    # their human-confidence is fixed at a neutral 50. The share is taken over
+    # the events counted by type: a record folded before types were kept
+    # counts its older events in `events` only.
+    typed = sum(record.types.values())
+    if record.native_events and record.native_events * 2 >= typed:
         return NEUTRAL_CONFIDENCE
     return 100 - bot_score(record)
 
@@ -57,20 +60,14 @@ def snapshot(
 ) -> dict[str, Any]:
     """A full-coverage snapshot."""
     record = view.record
-    head = {"visitorId": visitor_id, "siteId": site_id, "sessionId": session_id, "coverageMode": "full"}
     if record is None:
-        return {
-            **head,
-            "pending": True,
-            "stale": False,
-            "behavioralClass": "unknown",
-            "bot": {"isBot": False, "category": "unknown", "score": 0},
-            "scores": {"frustration": 0, "conversionReadiness": 0, "humanConfidence": NEUTRAL_CONFIDENCE},
-            "asOf": now_ms,
-        }
+        return _neutral(visitor_id, site_id, session_id, now_ms, mode="full", pending=True, klass="unknown")
     types = record.types
     return {
-        **head,
+        "visitorId": visitor_id,
+        "siteId": site_id,
+        "sessionId": session_id,
+        "coverageMode": "full",
         "pending": view.behind,
         "stale": now_ms - record.last_ms > STALE_AFTER_MS,
         "behavioralClass": behavioral_class(record),
@@ -99,16 +96,23 @@ def snapshot(
 def degraded(*, visitor_id: str, site_id: str, session_id: str | None, now_ms: int) -> dict[str, Any]:
     """The neutral placeholder (spec 3: coverage exhausted or metering unavailable).
 
-    Nothing of the visitor is read or revealed.
+    Nothing of the visitor is read or revealed; spec 2.6 has it carry suspicious.
     """
+    return _neutral(visitor_id, site_id, session_id, now_ms, mode="degraded", pending=False, klass="suspicious")
+
+
+def _neutral(
+    visitor_id: str, site_id: str, session_id: str | None, now_ms: int, *, mode: str, pending: bool, klass: str
+) -> dict[str, Any]:
+    """A snapshot that knows nothing of the visitor: neutral verdict and scores, no activity."""
     return {
         "visitorId": visitor_id,
         "siteId": site_id,
         "sessionId": session_id,
-        "coverageMode": "degraded",
-        "pending": False,
+        "coverageMode": mode,
+        "pending": pending,
         "stale": False,
-        "behavioralClass": "suspicious",
+        "behavioralClass": klass,
         "bot": {"isBot": False, "category": "unknown", "score": 0},
         "scores": {"frustration": 0, "conversionReadiness": 0, "humanConfidence": NEUTRAL_CONFIDENCE},
         "asOf": now_ms,

@@ -650,8 +650,8 @@ async def test_validation(nursery: trio.Nursery, tmp_path: Path) -> None:
                  "validation_error")
     assert_error(await read(server, "v1", key=FREE, session="s" * 129, **FREE_ORIGIN), 400,
                  "validation_error")
-    # an empty visitorId is not 1-128 characters
-    assert_error(await read(server, "", key=PAID, **PAID_ORIGIN), 400, "validation_error")
+    # no visitorId segment at all is not this route
+    assert_error(await read(server, "", key=PAID, **PAID_ORIGIN), 404, "not_found")
     # the gate comes before validation
     assert_error(await read(server, "v" * 129, key=FREE, Origin="https://evil.example"), 403,
                  "domain_not_allowed")
@@ -702,6 +702,33 @@ async def test_stream_over_plain_http(nursery: trio.Nursery, tmp_path: Path) -> 
         "/v1/signals/v1/stream", params={"sessionId": "s1"}, headers={"X-API-Key": FREE, **FREE_ORIGIN}
     )
     assert_error(response, 426, "upgrade_required")
+    # the path decides the route before the method does
+    posted = await server.client.post("/v1/signals/v1/stream", headers={"X-API-Key": FREE, **FREE_ORIGIN})
+    assert_error(posted, 426, "upgrade_required")
+
+
+async def test_paths_that_are_other_routes_are_404(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await started(nursery, tmp_path)
+    headers = {"X-API-Key": PAID, **PAID_ORIGIN}
+    # spec 4.2's direct identity API (not built) is not a snapshot read of visitor "batch"
+    assert_error(await server.client.post("/v1/signals/batch", headers=headers), 404, "not_found")
+    assert_error(await server.client.get("/v1/signals/a/b", headers=headers), 404, "not_found")
+    # an encoded slash is not the route's separator: no read of visitor "2Fv9"
+    assert_error(await server.client.get("/v1/signals%2Fv9", headers=headers), 404, "not_found")
+    # and GET of visitor "batch" is just a read
+    assert (await read(server, "batch", key=PAID, **PAID_ORIGIN)).status_code == 200
+
+
+async def test_a_wild_client_clock_is_stored_and_read(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # A timestamp far outside the skew window is replaced by the server's time
+    # and accepted; the client's value does not fit the record's event time and
+    # is kept as unknown (it used to fail the whole group's transaction).
+    server = await started(nursery, tmp_path)
+    await post(server, PAID, [event("wild-1", "click", "wild", at=10**20),
+                              event("wild-2", "click", "wild", at=-(10**20))], **PAID_ORIGIN)
+    await folded(server)
+    snap = (await read(server, "wild", key=PAID, **PAID_ORIGIN)).json()
+    assert snap["activity"]["clicks"] == 2 and snap["activity"]["rageClicks"] == 0
 
 
 async def test_paid_read_without_session_uses_a_unit_per_partition(tmp_path: Path) -> None:

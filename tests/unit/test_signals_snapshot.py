@@ -14,7 +14,7 @@ NOW = 10_000_000
 
 def _record(*events: tuple[str, bool], native: bool = False, click_gap_ms: int = 5000) -> VisitorRecord:
     stream = [
-        VisitorEvent(NOW - 1000, is_bot, "crawler" if is_bot else "human", kind, native, n * click_gap_ms)
+        VisitorEvent(NOW - 1000, is_bot, "crawler" if is_bot else "human", kind, native, (n + 1) * click_gap_ms)
         for n, (kind, is_bot) in enumerate(events)
     ]
     return merge(None, stream)

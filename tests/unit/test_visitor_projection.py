@@ -14,6 +14,7 @@ from storage.admission import Admission, Candidate
 from storage.env import Storage
 from storage.visitors import (
     CURSOR,
+    FoldResult,
     FoldVisitors,
     VisitorEvent,
     VisitorRecord,
@@ -96,9 +97,9 @@ def _admit(storage: Storage, events: list[tuple[str, str, str, bool, str]], now_
     run_job_now(storage, job, now_ms=now_ms)
 
 
-def _append_old_format(storage: Storage, seq: int, visitor: str, bot: dict[str, object]) -> None:
+def _append_old_format(storage: Storage, seq: int, visitor: str, bot: dict[str, object], **extra: object) -> None:
     """A record exactly as written before records carried facts: a 7-element array."""
-    event = json.dumps({"type": "click", "visitorId": visitor, "receivedAt": 500 + seq, "bot": bot}).encode()
+    event = json.dumps({"type": "click", "visitorId": visitor, "receivedAt": 500 + seq, "bot": bot, **extra}).encode()
     raw = msgspec.msgpack.encode((f"rcpt_x{seq:012x}", "acme", "web", f"old{seq}", 900 + seq, "browser", event))
     assert outbox.decode(raw).visitor_id is None  # what the fold sees for an old record
     with storage.env.begin(write=True) as txn:
@@ -184,13 +185,17 @@ def test_rage_clicks_are_the_third_and_later_clicks_of_a_burst() -> None:
 
     # 5 clicks 200 ms apart (3 rage), a pause, 2 clicks (none), a pageview between
     # clicks does not break a burst, a clock that goes back starts a new one.
-    times = [0, 200, 400, 600, 800, 5000, 5300]
+    times = [1000, 1200, 1400, 1600, 1800, 5000, 5300]
     record = merge(None, [click(ms) for ms in times])
     assert (record.rage_clicks, record.types) == (3, {"click": 7})
     record = merge(record, [VisitorEvent(1, False, "human", "pageview"), click(5600)])
     assert record.rage_clicks == 4  # 5000, 5300, 5600: a third click within the gap
     record = merge(record, [click(100), click(300)])
     assert record.rage_clicks == 4 and record.click_burst == 2
+    # A click of unknown time (records from before times were kept carry 0)
+    # ends the burst and is never a rage click.
+    record = merge(record, [click(400), click(0), click(0), click(0), click(500)])
+    assert record.rage_clicks == 5 and record.click_burst == 1  # only 400 (third of 100, 300, 400)
 
 
 def test_records_written_before_the_snapshot_fields_still_decode() -> None:
@@ -214,3 +219,34 @@ def test_read_visitor_says_whether_the_fold_is_behind(tmp_path: Path) -> None:
         assert read_visitor(storage, "acme", "web", "v1").behind  # v2's event is not folded yet
     finally:
         storage.close()
+
+
+def test_old_records_with_float_or_wild_timestamps_and_unreadable_ones_do_not_stall_the_fold(
+    tmp_path: Path,
+) -> None:
+    # The schema takes any JSON number as a timestamp (performance.now() gives
+    # fractions); an old record that cannot be read at all is skipped, not
+    # retried forever (the projection and retention behind it would stop).
+    storage = Storage(tmp_path)
+    try:
+        human = {"isBot": False, "category": "human"}
+        _append_old_format(storage, 1, "p", human, timestamp=1763900000000.5)
+        _append_old_format(storage, 2, "p", human, timestamp=1e20)
+        _append_old_format(storage, 3, "p", human, timestamp=1763900000100, clientTimestamp=1763900000300.25)
+        with storage.env.begin(write=True) as txn:
+            txn.put(outbox.seq_key(4), msgspec.msgpack.encode(("r", "acme", "web", "e", 1, "browser", b"{")),
+                    db=storage.dbs.outbox)
+            txn.put(outbox.NEXT_SEQ, (5).to_bytes(8, "big"), db=storage.dbs.meta)
+        assert _fold(storage, batch=10) == FoldResult(4, 4, False)
+        [(_, _, person)] = iter_visitors(storage, "p")
+        # the wild clock is "unknown" and ends the burst; the skewed event is
+        # timed by the client's own clock
+        assert (person.events, person.types, person.rage_clicks) == (3, {"click": 3}, 0)
+        assert (person.last_click_ms, person.click_burst) == (1763900000300, 1)
+    finally:
+        storage.close()
+
+
+def test_event_times_outside_a_msgpack_int_are_stored_as_unknown() -> None:
+    assert outbox.event_time(1763900000000.9) == 1763900000000
+    assert [outbox.event_time(v) for v in (1e20, -5, 0, None)] == [0, 0, 0, 0]
