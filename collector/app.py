@@ -148,6 +148,11 @@ def _component_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
             "Fold jobs the visitor projection committed (each counts as a writer job)",
             projection.passes,
         )
+        yield gauge(
+            "collector_visitor_projection_fed_passes",
+            "Fold passes that took this process's committed facts in memory instead of reading the outbox",
+            projection.fed_passes,
+        )
     cache = services.keys.statistics()
     yield gauge("collector_key_cache_entries", "Key records cached", cache.entries)
     limiter = services.limiter.statistics()

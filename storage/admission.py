@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from storage import consent, counters, idempotency, outbox
+from storage.feed import Appended
 from storage.writer import JobRefused, WriteContext
 
 
@@ -191,6 +192,10 @@ class Admission:
             # Few C-level calls instead of one put per row: py-lmdb releases the
             # GIL on each call, which is slow while the event loop is busy.
             txn.cursor(db=dbs.outbox).putmulti(outbox_rows, append=True)
+            if ctx.appended is not None:
+                ctx.appended.append(
+                    Appended(seq - len(new), client_id, site_id, key_type, now_ms, [candidates[i] for i in new])
+                )
             txn.cursor(db=dbs.idempotency).putmulti(ledger_rows)
             for cand in consents:
                 if cand.consent_key is not None and cand.consent_state is not None:

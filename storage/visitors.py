@@ -33,6 +33,7 @@ import msgspec
 from storage import outbox
 from storage.env import Storage
 from storage.errors import mapped_lmdb_errors
+from storage.feed import Appended, CommitFeed
 from storage.writer import WriteContext
 
 CURSOR = "visitors"
@@ -103,6 +104,7 @@ class FoldResult(msgspec.Struct, frozen=True):
     folded: int  # outbox entries read
     cursor: int  # the last seq folded
     more: bool  # the batch limit was hit
+    fed: bool = False  # taken from the commit feed, not read back from the outbox
 
 
 def merge(record: VisitorRecord | None, events: list[VisitorEvent]) -> VisitorRecord:
@@ -153,10 +155,11 @@ def fold(record: VisitorRecord | None, event: VisitorEvent) -> VisitorRecord:
 class FoldVisitors:
     """A write job: fold the next outbox entries into visitor records."""
 
-    __slots__ = ("batch",)
+    __slots__ = ("batch", "feed")
 
-    def __init__(self, batch: int = 2048) -> None:
+    def __init__(self, batch: int = 2048, feed: CommitFeed | None = None) -> None:
         self.batch = batch
+        self.feed = feed  # this process's committed appends (see storage/feed.py)
 
     def run(self, ctx: WriteContext) -> FoldResult:
         txn, dbs = ctx.txn, ctx.dbs
@@ -165,7 +168,27 @@ class FoldVisitors:
         # Gather per visitor first and touch each visitor record once: a batch
         # holds many events of few visitors, and every object built or LMDB
         # call made here runs on the writer thread, under the GIL.
-        seen: dict[tuple[str, str, str], list[VisitorEvent]] = {}
+        taken = self.feed.take(after, self.batch) if self.feed is not None else None
+        fed = _from_feed(taken) if taken else None
+        if fed is not None:
+            seen, read, last = fed
+        else:
+            seen, read, last = self._from_outbox(txn, dbs, after)
+        if read:
+            keys = [visitor_key(*vkey) for vkey in seen]
+            stored = dict(txn.cursor(db=dbs.visitors).getmulti(keys)) if keys else {}
+            txn.cursor(db=dbs.visitors).putmulti(
+                [
+                    (key, _encoder.encode(merge(_decode_stored(stored.get(key)), events)))
+                    for key, events in zip(keys, seen.values(), strict=True)
+                ]
+            )
+            txn.put(CURSOR.encode(), last.to_bytes(8, "big"), db=dbs.cursors)
+        return FoldResult(read, last, read >= self.batch, fed is not None)
+
+    def _from_outbox(self, txn: Any, dbs: Any, after: int) -> tuple[_Seen, int, int]:
+        """The next records read back from the outbox: (events per visitor, records read, last seq)."""
+        seen: _Seen = {}
         read, last_key = 0, None
         rows = txn.cursor(db=dbs.outbox)
         if rows.set_range(outbox.seq_key(after + 1)):
@@ -206,17 +229,37 @@ class FoldVisitors:
                 else:
                     events.append(event)
         last = int.from_bytes(last_key, "big") if last_key is not None else after
-        if read:
-            keys = [visitor_key(*vkey) for vkey in seen]
-            stored = dict(txn.cursor(db=dbs.visitors).getmulti(keys)) if keys else {}
-            txn.cursor(db=dbs.visitors).putmulti(
-                [
-                    (key, _encoder.encode(merge(_decode_stored(stored.get(key)), events)))
-                    for key, events in zip(keys, seen.values(), strict=True)
-                ]
-            )
-            txn.put(CURSOR.encode(), last.to_bytes(8, "big"), db=dbs.cursors)
-        return FoldResult(read, last, read >= self.batch)
+        return seen, read, last
+
+
+_Seen = dict[tuple[str, str, str], list[VisitorEvent]]
+
+
+def _from_feed(taken: list[Appended]) -> tuple[_Seen, int, int] | None:
+    """The same as reading those records back, from the admissions' own facts.
+
+    None when a candidate lacks its facts (the caller reads the outbox then).
+    """
+    seen: _Seen = {}
+    read = 0
+    for entry in taken:
+        native = entry.key_type in NATIVE_KEY_TYPES
+        at_ms, client_id, site_id = entry.committed_ms, entry.client_id, entry.site_id
+        read += len(entry.candidates)
+        for cand in entry.candidates:
+            visitor = cand.visitor_id
+            if visitor is None:
+                return None
+            if cand.event_type == "_consent_transition":
+                continue
+            event = VisitorEvent(at_ms, cand.is_bot, cand.bot_category, cand.event_type, native, cand.event_ms)
+            vkey = (client_id, site_id, visitor)
+            events = seen.get(vkey)
+            if events is None:
+                seen[vkey] = [event]
+            else:
+                events.append(event)
+    return seen, read, taken[-1].last_seq
 
 
 def _decode_stored(raw: bytes | memoryview | None) -> VisitorRecord | None:

@@ -28,6 +28,7 @@ import trio
 
 from storage.env import Storage
 from storage.errors import StorageError, StorageFull, WriterBusy
+from storage.feed import Appended, CommitFeed
 from storage.outbox import NEXT_SEQ
 
 log = logging.getLogger("collector.writer")
@@ -44,14 +45,19 @@ class JobRefused(Exception):
 class WriteContext:
     """What a job may use inside the group's transaction."""
 
-    __slots__ = ("txn", "storage", "dbs", "next_seq", "now_ms")
+    __slots__ = ("txn", "storage", "dbs", "next_seq", "now_ms", "appended")
 
-    def __init__(self, txn: lmdb.Transaction, storage: Storage, next_seq: int, now_ms: int) -> None:
+    def __init__(
+        self, txn: lmdb.Transaction, storage: Storage, next_seq: int, now_ms: int, *, feeding: bool = False
+    ) -> None:
         self.txn = txn
         self.storage = storage
         self.dbs = storage.dbs
         self.next_seq = next_seq
         self.now_ms = now_ms
+        # Outbox appends to hand to the writer's CommitFeed once this commits
+        # (None: nobody consumes them, so jobs need not collect them).
+        self.appended: list[Appended] | None = [] if feeding else None
 
     def allocate_seqs(self, count: int) -> int:
         """Reserve `count` outbox sequence numbers; returns the first."""
@@ -115,6 +121,9 @@ class GroupCommitWriter:
         self._stopping = False
         self._token: trio.lowlevel.TrioToken | None = None
         self._commit_listeners: list[Callable[[], None]] = []
+        # Set by the outbox consumer that runs as a job on this writer (the
+        # visitor projection) before it submits anything; writer thread only.
+        self.feed: CommitFeed | None = None
         self.healthy = True  # False from a failed commit until the next good one
         self._stats = dict.fromkeys(
             (
@@ -239,7 +248,10 @@ class GroupCommitWriter:
             # instead of waiting for a transaction of their own.
             self._top_up(pending)
             now_ms = self._clock_ms()
-            ctx = WriteContext(txn, self.storage, _read_next_seq(txn, self.storage), now_ms)
+            feed = self.feed
+            ctx = WriteContext(
+                txn, self.storage, _read_next_seq(txn, self.storage), now_ms, feeding=feed is not None
+            )
             first_seq = ctx.next_seq
             for ticket in pending:
                 ticket.result = ticket.error = None
@@ -260,6 +272,8 @@ class GroupCommitWriter:
         except BaseException:
             txn.abort()
             raise
+        if feed is not None and ctx.appended:
+            feed.extend(ctx.appended)  # only what is durable
         return None
 
     def _top_up(self, pending: list[_Ticket]) -> None:

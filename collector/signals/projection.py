@@ -17,6 +17,7 @@ import msgspec
 import trio
 
 from storage.errors import StorageError, WriterBusy
+from storage.feed import CommitFeed
 from storage.outbox import get_cursor, last_seq
 from storage.visitors import CURSOR, FoldResult, FoldVisitors
 from storage.writer import GroupCommitWriter
@@ -29,20 +30,27 @@ class ProjectionStatistics(msgspec.Struct, frozen=True):
     folded: int
     failures: int
     passes: int  # fold jobs committed (each is one writer job)
+    fed_passes: int  # of those, passes that took the commit feed instead of reading the outbox
 
 
 class VisitorProjection:
     def __init__(self, writer: GroupCommitWriter, *, batch: int = 2048, idle_s: float = 0.25) -> None:
         self.writer = writer
+        if writer.feed is None:
+            writer.feed = CommitFeed()  # admissions hand their facts over once committed
+        self.feed = writer.feed
         self.batch = batch
         self.idle_s = idle_s
         self._cursor = get_cursor(writer.storage, CURSOR)
         self._folded = 0
         self._failures = 0
         self._passes = 0
+        self._fed_passes = 0
 
     def statistics(self) -> ProjectionStatistics:
-        return ProjectionStatistics(self._cursor, self._folded, self._failures, self._passes)
+        return ProjectionStatistics(
+            self._cursor, self._folded, self._failures, self._passes, self._fed_passes
+        )
 
     def lag(self) -> int:
         """Committed outbox entries the projection has not folded yet."""
@@ -55,7 +63,7 @@ class VisitorProjection:
                 await trio.sleep(self.idle_s)
                 continue
             try:
-                result: FoldResult = await self.writer.submit(FoldVisitors(self.batch))
+                result: FoldResult = await self.writer.submit(FoldVisitors(self.batch, self.feed))
             except (WriterBusy, StorageError) as exc:
                 self._failures += 1
                 log.warning("visitor projection fold not committed, retrying: %s", exc)
@@ -63,5 +71,6 @@ class VisitorProjection:
                 continue
             self._cursor, self._folded = result.cursor, self._folded + result.folded
             self._passes += 1
+            self._fed_passes += result.fed
             if not result.more:
                 await trio.sleep(self.idle_s)

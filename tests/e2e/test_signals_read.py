@@ -222,6 +222,9 @@ async def test_full_snapshot_after_the_fold(nursery: trio.Nursery, tmp_path: Pat
     }
     assert before - 1000 <= activity["firstSeen"] <= activity["lastSeen"] <= body["asOf"]
     assert type(body["asOf"]) is int and abs(body["asOf"] - now_ms(server)) < 60_000
+    # the fold took the admission's facts from the commit feed, not the outbox
+    metrics = (await server.client.get("/metrics")).text
+    assert "collector_visitor_projection_fed_passes 1.0" in metrics, metrics
 
 
 async def test_crawler_visitor_is_a_bot(nursery: trio.Nursery, tmp_path: Path) -> None:
