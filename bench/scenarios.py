@@ -16,6 +16,14 @@ from bench.server import Collector
 
 LUA = Path(__file__).parent / "lua" / "fresh_ids.lua"
 READ_LUA = Path(__file__).parent / "lua" / "signals_read.lua"
+SUMMARY_LUA = Path(__file__).parent / "lua" / "summary.lua"
+
+
+def lua_script(directory: Path, name: str, source: Path, extra: str = "") -> Path:
+    """A wrk script in `directory`: `source`, then `extra`, then the shared summary (done())."""
+    script = directory / name
+    script.write_text(source.read_text() + extra + "\n" + SUMMARY_LUA.read_text())
+    return script
 BENCH_KEY = "cs_live_bench00000000"
 SLOW_KEY = "cs_live_benchslow0000"
 ORIGIN = "https://bench.example"
@@ -67,15 +75,15 @@ def write_tenants(workdir: Path, extra_keys: int = 0) -> tuple[Path, Path | None
 def wrk_argv(wrk: str, url: str, body: Path, seconds: float, connections: int, *,
              key: str = BENCH_KEY, mode: str = "fresh", key_file: Path | None = None,
              delay_ms: int | None = None) -> list[str]:
-    script = LUA
+    extra = ""
     if delay_ms is not None:
         # wrk's delay(): each connection waits before its next request, uniformly 0 to
         # twice `delay_ms` (the mean is delay_ms). A fixed delay keeps the connections
         # in lock-step, so every request would queue behind a burst of all the others
         # and the measured latency would be the burst's, not the paced rate's. wrk looks
         # for the function before init() runs, so it is written into a copy.
-        script = body.parent / "paced.lua"
-        script.write_text(LUA.read_text() + f"\nfunction delay() return math.random(0, {2 * int(delay_ms)}) end\n")
+        extra = f"\nfunction delay() return math.random(0, {2 * int(delay_ms)}) end\n"
+    script = lua_script(body.parent, "paced.lua" if delay_ms is not None else "fresh_ids.lua", LUA, extra)
     return [wrk, "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "10s",
             "-s", str(script), url, "--", str(body), key, ORIGIN, str(key_file or ""), mode]
 
@@ -189,7 +197,8 @@ def run_signals_read(wrk: str, *, seconds: float, warmup: float, connections: in
         readers, writers = max(1, connections // 2), max(1, connections - connections // 2)
         try:
             ingest_argv = wrk_argv(wrk, server.url + "/v1/events", body, warmup + seconds + 1, writers)
-            read_argv = [wrk, "-t1", f"-c{readers}", "--timeout", "10s", "-s", str(READ_LUA), server.url,
+            read_lua = lua_script(workdir, "signals_read.lua", READ_LUA)
+            read_argv = [wrk, "-t1", f"-c{readers}", "--timeout", "10s", "-s", str(read_lua), server.url,
                          "--", sample["visitorId"], sample["sessionId"], BENCH_KEY, ORIGIN]
             ingest = subprocess.Popen(ingest_argv, stdout=subprocess.PIPE, text=True)
             try:

@@ -112,9 +112,8 @@ def run_soak(wrk: str, *, max_rps: float, seconds: float, workers: int = 1,
             argv = wrk_argv(wrk, url, body, seconds, connections, delay_ms=max(1, round(delay_ms)))
             started = time.monotonic()
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            at = SAMPLE_EVERY_S
-            while at < seconds - 0.5 and proc.poll() is None:
-                time.sleep(max(0.0, started + at - time.monotonic()))
+
+            def sample() -> None:
                 anon, mapped = server.rss_parts()
                 samples.append({
                     "t": round(time.monotonic() - started, 1),
@@ -123,7 +122,14 @@ def run_soak(wrk: str, *, max_rps: float, seconds: float, workers: int = 1,
                     "rss_file_mb": round(mapped / 2**20, 2),
                     "fds": server.open_fds(),
                 })
+
+            at = SAMPLE_EVERY_S
+            while at < seconds - 0.5 and proc.poll() is None:
+                time.sleep(max(0.0, started + at - time.monotonic()))
+                sample()
                 at += SAMPLE_EVERY_S
+            if not samples:  # a run shorter than one sampling interval (a quick half-rate)
+                sample()
             out, err = proc.communicate(timeout=seconds + 60)
             if proc.returncode != 0:
                 raise RuntimeError(f"wrk failed: {err}")

@@ -13,11 +13,4 @@ function request()
   return wrk.format("GET", path, headers, nil)
 end
 
-function done(summary, latency, requests)
-  io.write(string.format(
-    'BENCH_JSON {"requests":%d,"duration_us":%d,"non2xx":%d,"socket_errors":%d,' ..
-    '"p50_us":%d,"p99_us":%d,"p999_us":%d,"max_us":%d}\n',
-    summary.requests, summary.duration, summary.errors.status,
-    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
-    latency:percentile(50), latency:percentile(99), latency:percentile(99.9), latency.max))
-end
+-- done() comes from summary.lua, appended by bench/scenarios.py
