@@ -167,6 +167,9 @@ def cmd_visitors_show(args: argparse.Namespace) -> int:
                 "events": record.events,
                 "botEvents": record.bot_events,
                 "botCategories": record.categories,
+                "eventTypes": record.types,
+                "nativeEvents": record.native_events,
+                "rageClicks": record.rage_clicks,
                 "firstSeen": record.first_ms,
                 "lastSeen": record.last_ms,
             }

@@ -163,3 +163,4 @@ async def test_visitor_verdicts_from_the_projection(nursery: trio.Nursery, tmp_p
     assert crawler["bot"] == {"isBot": True, "category": "ai_crawler"} and crawler["events"] == 3
     assert person["bot"] == {"isBot": False, "category": "human"}
     assert (person["events"], person["botEvents"]) == (4, 1)
+    assert sum(person["eventTypes"].values()) == 4 and person["rageClicks"] == 0  # type: ignore[union-attr]
