@@ -3,8 +3,9 @@
 A route supplies only its work, `(services, request, receive, headers, seen)
 -> (status, body)`, which raises ServiceError (or a storage error) to refuse.
 Every refusal is rendered here by one mapping, so /v1/events, /v1/edge/pageview,
-/v1/consent and /v1/replay answer alike: the spec's error body, never a
-traceback, and 503 storage_unavailable with Retry-After when storage fails.
+/v1/consent, /v1/replay and the one read on this path, GET /v1/signals/:visitorId,
+answer alike: the spec's error body, never a traceback, and 503
+storage_unavailable with Retry-After when storage fails.
 """
 
 from __future__ import annotations
