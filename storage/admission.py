@@ -142,7 +142,7 @@ class Admission:
         used: dict[str, int] = {}
         for unit, ck in counter_keys.items():
             raw_count = stored_counts.get(ck)
-            if raw_count is not None and len(raw_count) != 8:
+            if not counters.is_counter(raw_count):
                 # A counter we cannot read must not be guessed at: refuse, nothing accepted.
                 raise JobRefused(MeteringUnavailable(bytes(ck).decode(errors="replace")))
             used[unit] = counters.decode_value(raw_count)

@@ -201,7 +201,7 @@ class _Checker:
         for key, value in self.txn.cursor(db=self.dbs.counters):
             self.report.counters += 1
             parts = bytes(key).decode(errors="replace").split("\x00")
-            if len(parts) != 3 or len(value) != 8:
+            if len(parts) != 3 or not counters.is_counter(value):
                 self.problem(f"usage counter {'/'.join(parts)} is malformed")
                 continue
             stored[(parts[0], parts[1], parts[2])] = counters.decode_value(value)

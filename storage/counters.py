@@ -15,12 +15,24 @@ def counter_key(account: str, period: str, kind: str) -> bytes:
     return f"{account}\x00{period}\x00{kind}".encode()
 
 
+COUNTER_BYTES = 8
+
+
+def is_counter(raw: bytes | memoryview | None) -> bool:
+    """A stored value is a counter: absent (0) or 8 big-endian bytes.
+
+    Anything else is never guessed at or overwritten: whoever meters refuses
+    or degrades instead.
+    """
+    return raw is None or len(raw) == COUNTER_BYTES
+
+
 def decode_value(raw: bytes | memoryview | None) -> int:
     return int.from_bytes(raw, "big") if raw else 0
 
 
 def encode_value(value: int) -> bytes:
-    return value.to_bytes(8, "big")
+    return value.to_bytes(COUNTER_BYTES, "big")
 
 
 def read_counter(storage: Storage, account: str, period: str, kind: str) -> int:
@@ -59,7 +71,7 @@ class SpendUnits:
 
     def run(self, ctx: WriteContext) -> Spend:
         raw = ctx.txn.get(self.key, db=ctx.dbs.counters)
-        if raw is not None and len(raw) != 8:
+        if not is_counter(raw):
             return Spend(0, False, readable=False)
         used = decode_value(raw)
         if not self.allow(used, self.units):
