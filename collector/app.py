@@ -48,6 +48,7 @@ from storage.env import Storage
 from storage.outbox import last_seq
 from storage.retention import RetentionSweep, run_retention
 from storage.visitors import CURSOR as VISITORS_CURSOR
+from storage.visitors import FoldAtCommit
 from storage.writer import GroupCommitWriter
 
 log = logging.getLogger("collector")
@@ -93,6 +94,10 @@ def build_services(
         clock_ms=lambda: int(clock() * 1000),
         on_commit=metrics.on_commit,
     )
+    # Every worker folds its own groups into the visitor records as it commits
+    # them; worker 0's VisitorProjection only catches up what that skipped.
+    commit_fold = FoldAtCommit()
+    writer.at_commit = commit_fold
     keys = KeyCache(storage, ttl=settings.key_cache_ttl, negative_ttl=settings.key_negative_ttl)
     services = Services(
         sealer=load_or_create(key_file_path(settings)),
@@ -101,6 +106,7 @@ def build_services(
         settings=settings,
         storage=storage,
         writer=writer,
+        commit_fold=commit_fold,
         keys=keys,
         # one request-rate partition per worker process (see collector/limits/buckets.py)
         limiter=RateLimiter(partitions=settings.workers),
@@ -135,23 +141,26 @@ def _component_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
         entries = txn.stat(services.storage.dbs.outbox)["entries"]
     yield gauge("collector_outbox_entries", "Outbox entries kept (retention removes old ones)", entries)
     yield from _meter_gauges(services)
+    fold = services.commit_fold
+    yield gauge("collector_visitor_fold_at_commit_groups", "Groups this process folded into visitors as it committed them", fold.groups)
+    yield gauge("collector_visitor_fold_at_commit_events", "Outbox entries those groups held", fold.events)
+    yield gauge(
+        "collector_visitor_fold_at_commit_skipped",
+        "Groups left to the catch-up because the visitor cursor was behind them",
+        fold.skipped,
+    )
     if services.projection is not None:
         projection = services.projection.statistics()
         yield gauge("collector_visitor_projection_cursor", "Last outbox seq folded into visitors", projection.cursor)
         yield gauge(
             "collector_visitor_projection_lag",
             "Committed outbox entries not yet folded into visitors",
-            services.projection.lag(),
+            projection.lag,
         )
         yield gauge(
             "collector_visitor_projection_passes",
-            "Fold jobs the visitor projection committed (each counts as a writer job)",
+            "Catch-up fold jobs committed (each counts as a writer job)",
             projection.passes,
-        )
-        yield gauge(
-            "collector_visitor_projection_fed_passes",
-            "Fold passes that took this process's committed facts in memory instead of reading the outbox",
-            projection.fed_passes,
         )
     cache = services.keys.statistics()
     yield gauge("collector_key_cache_entries", "Key records cached", cache.entries)

@@ -15,6 +15,7 @@ from collector.metrics import Metrics
 from collector.settings import Settings
 from collector.signals.projection import VisitorProjection
 from storage.env import Storage
+from storage.visitors import FoldAtCommit
 from storage.writer import GroupCommitWriter
 
 
@@ -27,6 +28,7 @@ class Services:
     settings: Settings
     storage: Storage
     writer: GroupCommitWriter
+    commit_fold: FoldAtCommit  # the writer's in-transaction visitor fold (its counters)
     keys: KeyCache
     limiter: RateLimiter
     metrics: Metrics

@@ -12,7 +12,8 @@ Each child is a whole `collector.app.serve`: its own trio nursery tree, key
 cache, request-rate partition (limit / N, see collector/limits/buckets.py)
 and group-commit writer over the shared LMDB environment (LMDB's writer lock
 serialises the children's transactions; a child adopts a map another child
-grew). Worker 0 alone runs the retention sweep and any outbox consumers.
+grew). Worker 0 alone runs the retention sweep and the outbox consumers'
+catch-up; every worker folds its own groups into the visitor records.
 
 The parent prints exactly one `collector listening on http://HOST:PORT` line
 once every child reported ready, and sends systemd READY=1 / STOPPING=1 /

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from storage import consent, counters, idempotency, outbox
-from storage.feed import Appended
+from storage.outbox import Appended
 from storage.writer import JobRefused, WriteContext
 
 

@@ -7,8 +7,8 @@ admitting transaction, so several processes can append safely.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -16,6 +16,26 @@ from storage.env import Storage
 from storage.errors import mapped_lmdb_errors
 
 NEXT_SEQ = b"outbox_next_seq"
+
+
+class Appended(NamedTuple):
+    """One admission's new outbox records, seqs first_seq .. last_seq, as facts in memory.
+
+    The writer collects them during a group so that a consumer folding inside
+    the same transaction (storage.visitors.FoldAtCommit) need not read the
+    rows it just wrote back from LMDB.
+    """
+
+    first_seq: int
+    client_id: str
+    site_id: str
+    key_type: str
+    committed_ms: int
+    candidates: Sequence[Any]  # storage.admission.Candidate, in seq order
+
+    @property
+    def last_seq(self) -> int:
+        return self.first_seq + len(self.candidates) - 1
 
 
 class OutboxRecord(msgspec.Struct, array_like=True, frozen=True):

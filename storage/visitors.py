@@ -1,13 +1,21 @@
 """The visitor projection's store: one record per (clientId, siteId, visitorId).
 
-`FoldVisitors` is a write job that tails the outbox from the `visitors`
-cursor: it folds up to `batch` committed events into their visitors'
-records and advances the cursor in the same transaction, so a crash replays
-the batch and never counts an event twice. Retention keeps outbox entries
-until this cursor has passed them. It reads the facts the admission stored
-in each record (an event's time is then its commit time) and parses the
-event only for records written before records carried facts (its
-`receivedAt`).
+The `visitors` cursor is the last outbox seq folded into the records; the
+records and the cursor always change in the same transaction, so a crash
+never loses or double-counts an event. Retention keeps outbox entries until
+the cursor has passed them. Two ways advance it:
+
+- `FoldAtCommit`, in the admitting transaction itself: when a group's new
+  outbox entries continue the cursor exactly, their visitors are folded from
+  the admissions' facts in memory before the group commits. This is the
+  steady state, in every worker process: a snapshot read after a 202 already
+  sees the events, and the outbox is never read back.
+- `FoldVisitors`, a write job that tails the outbox from the cursor, up to
+  `batch` entries a pass: the catch-up after a restart, an upgrade, or a
+  group whose fold at commit was skipped. It reads the facts the admission
+  stored in each record (an event's time is then its commit time) and parses
+  the event only for records written before records carried facts (its
+  `receivedAt`).
 
 Besides the verdict a record counts the visitor's events by type and its rage
 clicks (the third and later clicks of a burst, each click within 1 s of the
@@ -33,7 +41,7 @@ import msgspec
 from storage import outbox
 from storage.env import Storage
 from storage.errors import mapped_lmdb_errors
-from storage.feed import Appended, CommitFeed
+from storage.outbox import Appended
 from storage.writer import WriteContext
 
 CURSOR = "visitors"
@@ -104,7 +112,6 @@ class FoldResult(msgspec.Struct, frozen=True):
     folded: int  # outbox entries read
     cursor: int  # the last seq folded
     more: bool  # the batch limit was hit
-    fed: bool = False  # taken from the commit feed, not read back from the outbox
 
 
 def merge(record: VisitorRecord | None, events: list[VisitorEvent]) -> VisitorRecord:
@@ -153,38 +160,20 @@ def fold(record: VisitorRecord | None, event: VisitorEvent) -> VisitorRecord:
 
 
 class FoldVisitors:
-    """A write job: fold the next outbox entries into visitor records."""
+    """A write job: fold the next outbox entries into visitor records (the catch-up)."""
 
-    __slots__ = ("batch", "feed")
+    __slots__ = ("batch",)
 
-    def __init__(self, batch: int = 2048, feed: CommitFeed | None = None) -> None:
+    def __init__(self, batch: int = 2048) -> None:
         self.batch = batch
-        self.feed = feed  # this process's committed appends (see storage/feed.py)
 
     def run(self, ctx: WriteContext) -> FoldResult:
         txn, dbs = ctx.txn, ctx.dbs
-        raw_cursor = txn.get(CURSOR.encode(), db=dbs.cursors)
-        after = int.from_bytes(raw_cursor, "big") if raw_cursor else 0
-        # Gather per visitor first and touch each visitor record once: a batch
-        # holds many events of few visitors, and every object built or LMDB
-        # call made here runs on the writer thread, under the GIL.
-        taken = self.feed.take(after, self.batch) if self.feed is not None else None
-        fed = _from_feed(taken) if taken else None
-        if fed is not None:
-            seen, read, last = fed
-        else:
-            seen, read, last = self._from_outbox(txn, dbs, after)
+        after = _read_cursor(txn, dbs)
+        seen, read, last = self._from_outbox(txn, dbs, after)
         if read:
-            keys = [visitor_key(*vkey) for vkey in seen]
-            stored = dict(txn.cursor(db=dbs.visitors).getmulti(keys)) if keys else {}
-            txn.cursor(db=dbs.visitors).putmulti(
-                [
-                    (key, _encoder.encode(merge(_decode_stored(stored.get(key)), events)))
-                    for key, events in zip(keys, seen.values(), strict=True)
-                ]
-            )
-            txn.put(CURSOR.encode(), last.to_bytes(8, "big"), db=dbs.cursors)
-        return FoldResult(read, last, read >= self.batch, fed is not None)
+            _write(txn, dbs, seen, last)
+        return FoldResult(read, last, read >= self.batch)
 
     def _from_outbox(self, txn: Any, dbs: Any, after: int) -> tuple[_Seen, int, int]:
         """The next records read back from the outbox: (events per visitor, records read, last seq)."""
@@ -235,14 +224,69 @@ class FoldVisitors:
 _Seen = dict[tuple[str, str, str], list[VisitorEvent]]
 
 
-def _from_feed(taken: list[Appended]) -> tuple[_Seen, int, int] | None:
-    """The same as reading those records back, from the admissions' own facts.
+class FoldAtCommit:
+    """The writer's in-transaction consumer: fold a group's own appends before it commits.
 
-    None when a candidate lacks its facts (the caller reads the outbox then).
+    Only when they continue the cursor exactly (every earlier entry folded,
+    whichever process appended it); otherwise it leaves them to the catch-up
+    job. Writer thread only; the counters are read by /metrics.
+    """
+
+    __slots__ = ("groups", "events", "skipped")
+
+    def __init__(self) -> None:
+        self.groups = 0  # groups folded at commit
+        self.events = 0  # outbox entries they held
+        self.skipped = 0  # groups left to the catch-up (the cursor was behind)
+
+    def __call__(self, ctx: WriteContext) -> None:
+        appended = ctx.appended
+        if not appended:
+            return
+        txn, dbs = ctx.txn, ctx.dbs
+        gathered = _from_appended(appended, _read_cursor(txn, dbs))
+        if gathered is None:
+            self.skipped += 1
+            return
+        seen, read, last = gathered
+        _write(txn, dbs, seen, last)
+        self.groups += 1
+        self.events += read
+
+
+def _read_cursor(txn: Any, dbs: Any) -> int:
+    raw = txn.get(CURSOR.encode(), db=dbs.cursors)
+    return int.from_bytes(raw, "big") if raw else 0
+
+
+def _write(txn: Any, dbs: Any, seen: _Seen, last: int) -> None:
+    """Merge each visitor's events into its record (one read, one write per visitor) and move the cursor."""
+    # Gathered per visitor first: a batch holds many events of few visitors,
+    # and every LMDB call here runs on the writer thread, under the GIL.
+    if seen:
+        keys = [visitor_key(*vkey) for vkey in seen]
+        stored = dict(txn.cursor(db=dbs.visitors).getmulti(keys))
+        merged = [
+            (key, _encoder.encode(merge(_decode_stored(stored.get(key)), events)))
+            for key, events in zip(keys, seen.values(), strict=True)
+        ]
+        txn.cursor(db=dbs.visitors).putmulti(merged)
+    txn.put(CURSOR.encode(), last.to_bytes(8, "big"), db=dbs.cursors)
+
+
+def _from_appended(appended: list[Appended], after: int) -> tuple[_Seen, int, int] | None:
+    """What reading these appends back from the outbox would give, when they continue seq `after`.
+
+    None when they do not (a gap: the catch-up reads the outbox), or when a
+    candidate lacks its facts.
     """
     seen: _Seen = {}
     read = 0
-    for entry in taken:
+    expected = after + 1
+    for entry in appended:
+        if entry.first_seq != expected:
+            return None
+        expected = entry.last_seq + 1
         native = entry.key_type in NATIVE_KEY_TYPES
         at_ms, client_id, site_id = entry.committed_ms, entry.client_id, entry.site_id
         read += len(entry.candidates)
@@ -259,7 +303,7 @@ def _from_feed(taken: list[Appended]) -> tuple[_Seen, int, int] | None:
                 seen[vkey] = [event]
             else:
                 events.append(event)
-    return seen, read, taken[-1].last_seq
+    return seen, read, expected - 1
 
 
 def _decode_stored(raw: bytes | memoryview | None) -> VisitorRecord | None:
@@ -277,12 +321,20 @@ def read_visitor(storage: Storage, client_id: str, site_id: str, visitor_id: str
     """The visitor's record, the projection's cursor and the outbox head, from one snapshot."""
     with mapped_lmdb_errors(), storage.read() as txn:
         raw = txn.get(visitor_key(client_id, site_id, visitor_id), db=storage.dbs.visitors)
-        cursor = txn.get(CURSOR.encode(), db=storage.dbs.cursors)
-        next_seq = txn.get(outbox.NEXT_SEQ, db=storage.dbs.meta)
+        folded, head = _position(txn, storage)
         record = _decoder.decode(raw) if raw is not None else None
-    folded = int.from_bytes(cursor, "big") if cursor else 0
-    head = int.from_bytes(next_seq, "big") - 1 if next_seq else 0
     return VisitorView(record, folded < head)
+
+
+def fold_position(storage: Storage) -> tuple[int, int]:
+    """(the last seq folded into visitors, the last seq committed), from one snapshot."""
+    with mapped_lmdb_errors(), storage.read() as txn:
+        return _position(txn, storage)
+
+
+def _position(txn: Any, storage: Storage) -> tuple[int, int]:
+    next_seq = txn.get(outbox.NEXT_SEQ, db=storage.dbs.meta)
+    return _read_cursor(txn, storage.dbs), int.from_bytes(next_seq, "big") - 1 if next_seq else 0
 
 
 def iter_visitors(storage: Storage, visitor_id: str, client_id: str | None = None) -> Iterator[tuple[str, str, VisitorRecord]]:

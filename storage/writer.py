@@ -28,8 +28,7 @@ import trio
 
 from storage.env import Storage
 from storage.errors import StorageError, StorageFull, WriterBusy
-from storage.feed import Appended, CommitFeed
-from storage.outbox import NEXT_SEQ
+from storage.outbox import NEXT_SEQ, Appended
 
 log = logging.getLogger("collector.writer")
 
@@ -55,8 +54,8 @@ class WriteContext:
         self.dbs = storage.dbs
         self.next_seq = next_seq
         self.now_ms = now_ms
-        # Outbox appends to hand to the writer's CommitFeed once this commits
-        # (None: nobody consumes them, so jobs need not collect them).
+        # This group's outbox appends, for the writer's in-transaction consumer
+        # (None: there is none, so jobs need not collect them).
         self.appended: list[Appended] | None = [] if feeding else None
 
     def allocate_seqs(self, count: int) -> int:
@@ -121,9 +120,12 @@ class GroupCommitWriter:
         self._stopping = False
         self._token: trio.lowlevel.TrioToken | None = None
         self._commit_listeners: list[Callable[[], None]] = []
-        # Set by the outbox consumer that runs as a job on this writer (the
-        # visitor projection) before it submits anything; writer thread only.
-        self.feed: CommitFeed | None = None
+        # Runs at the end of every group that appended to the outbox, inside its
+        # transaction, with the group's appends in ctx.appended (the visitor
+        # projection folds them there). Set before the writer starts. It must
+        # decide before it writes: an exception other than an LMDB error is
+        # logged and the group commits without it.
+        self.at_commit: Callable[[WriteContext], object] | None = None
         self.healthy = True  # False from a failed commit until the next good one
         self._stats = dict.fromkeys(
             (
@@ -248,9 +250,9 @@ class GroupCommitWriter:
             # instead of waiting for a transaction of their own.
             self._top_up(pending)
             now_ms = self._clock_ms()
-            feed = self.feed
+            at_commit = self.at_commit
             ctx = WriteContext(
-                txn, self.storage, _read_next_seq(txn, self.storage), now_ms, feeding=feed is not None
+                txn, self.storage, _read_next_seq(txn, self.storage), now_ms, feeding=at_commit is not None
             )
             first_seq = ctx.next_seq
             for ticket in pending:
@@ -266,14 +268,19 @@ class GroupCommitWriter:
                     ticket.error = StorageError(f"write failed: {exc}")
                     txn.abort()
                     return ticket
+            if at_commit is not None and ctx.appended:
+                try:
+                    at_commit(ctx)
+                except lmdb.Error:
+                    raise
+                except Exception:
+                    log.exception("in-transaction consumer failed; the group commits without it")
             if ctx.next_seq != first_seq:
                 txn.put(NEXT_SEQ, ctx.next_seq.to_bytes(8, "big"), db=self.storage.dbs.meta)
             txn.commit()
         except BaseException:
             txn.abort()
             raise
-        if feed is not None and ctx.appended:
-            feed.extend(ctx.appended)  # only what is durable
         return None
 
     def _top_up(self, pending: list[_Ticket]) -> None:

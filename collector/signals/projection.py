@@ -1,6 +1,10 @@
-"""The visitor projection's task: tail the outbox into visitor records.
+"""The visitor projection's catch-up task: tail the outbox into visitor records.
 
-It hands `FoldVisitors` jobs to the group-commit writer, so the records and
+In the steady state every group folds its own events before it commits
+(`storage.visitors.FoldAtCommit`, in every worker) and this task finds
+nothing to do. It catches up what that skipped (after a restart or an
+upgrade, or a group whose appends did not continue the cursor) by handing
+`FoldVisitors` jobs to the group-commit writer, so the records and
 the cursor commit together. After a fold that hit its batch limit it goes
 again at once; once caught up it checks every `idle_s` whether the outbox
 has grown (a read, no write transaction while there is nothing to fold). A
@@ -17,9 +21,7 @@ import msgspec
 import trio
 
 from storage.errors import StorageError, WriterBusy
-from storage.feed import CommitFeed
-from storage.outbox import get_cursor, last_seq
-from storage.visitors import CURSOR, FoldResult, FoldVisitors
+from storage.visitors import FoldResult, FoldVisitors, fold_position
 from storage.writer import GroupCommitWriter
 
 log = logging.getLogger("collector.projection")
@@ -27,34 +29,29 @@ log = logging.getLogger("collector.projection")
 
 class ProjectionStatistics(msgspec.Struct, frozen=True):
     cursor: int
+    lag: int  # committed outbox entries not folded yet
     folded: int
     failures: int
     passes: int  # fold jobs committed (each is one writer job)
-    fed_passes: int  # of those, passes that took the commit feed instead of reading the outbox
 
 
 class VisitorProjection:
     def __init__(self, writer: GroupCommitWriter, *, batch: int = 2048, idle_s: float = 0.25) -> None:
         self.writer = writer
-        if writer.feed is None:
-            writer.feed = CommitFeed()  # admissions hand their facts over once committed
-        self.feed = writer.feed
         self.batch = batch
         self.idle_s = idle_s
-        self._cursor = get_cursor(writer.storage, CURSOR)
         self._folded = 0
         self._failures = 0
         self._passes = 0
-        self._fed_passes = 0
 
     def statistics(self) -> ProjectionStatistics:
-        return ProjectionStatistics(
-            self._cursor, self._folded, self._failures, self._passes, self._fed_passes
-        )
+        cursor, head = fold_position(self.writer.storage)
+        return ProjectionStatistics(cursor, max(0, head - cursor), self._folded, self._failures, self._passes)
 
     def lag(self) -> int:
-        """Committed outbox entries the projection has not folded yet."""
-        return max(0, last_seq(self.writer.storage) - self._cursor)
+        """Committed outbox entries not folded yet (by either way: see storage.visitors)."""
+        cursor, head = fold_position(self.writer.storage)
+        return max(0, head - cursor)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -63,14 +60,13 @@ class VisitorProjection:
                 await trio.sleep(self.idle_s)
                 continue
             try:
-                result: FoldResult = await self.writer.submit(FoldVisitors(self.batch, self.feed))
+                result: FoldResult = await self.writer.submit(FoldVisitors(self.batch))
             except (WriterBusy, StorageError) as exc:
                 self._failures += 1
                 log.warning("visitor projection fold not committed, retrying: %s", exc)
                 await trio.sleep(max(self.idle_s, 1.0))
                 continue
-            self._cursor, self._folded = result.cursor, self._folded + result.folded
+            self._folded += result.folded
             self._passes += 1
-            self._fed_passes += result.fed
             if not result.more:
                 await trio.sleep(self.idle_s)

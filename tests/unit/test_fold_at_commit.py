@@ -1,0 +1,143 @@
+"""The fold at commit: a group folds its own appends before it commits, or leaves them to the catch-up."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import trio
+
+from storage import outbox
+from storage.admission import Admission, Candidate
+from storage.env import Storage
+from storage.visitors import CURSOR, FoldAtCommit, FoldResult, FoldVisitors, fold_position
+from storage.writer import GroupCommitWriter, WriteContext
+
+Event = tuple[str, str, str, bool, str, int]  # eid, visitor, type, is_bot, category, client ms
+
+
+def _job(events: list[Event], *, key_type: str = "browser") -> Admission:
+    candidates = [
+        Candidate(eid, eid.encode().ljust(16, b"#"),
+                  json.dumps({"type": kind, "visitorId": visitor, "timestamp": ms,
+                              "bot": {"isBot": is_bot, "category": category}}).encode(),
+                  None, visitor, kind, is_bot, category, ms)
+        for eid, visitor, kind, is_bot, category, ms in events
+    ]
+    return Admission(client_id="acme", site_id="web", key_type=key_type, account="acme", period="2026-11",
+                     candidates=candidates, window_ms=86_400_000, budget=lambda used, added: None,
+                     units=("pageview", "coverage"))
+
+
+def _admit(storage: Storage, fold: FoldAtCommit | None, events: list[Event], *, key_type: str = "browser") -> None:
+    """One admission in its own transaction, folded at commit when `fold` is given."""
+    with storage.env.begin(write=True) as txn:
+        raw = txn.get(outbox.NEXT_SEQ, db=storage.dbs.meta)
+        ctx = WriteContext(txn, storage, int.from_bytes(raw, "big") if raw else 1, 5000, feeding=fold is not None)
+        _job(events, key_type=key_type).run(ctx)
+        if fold is not None:
+            fold(ctx)
+        txn.put(outbox.NEXT_SEQ, ctx.next_seq.to_bytes(8, "big"), db=storage.dbs.meta)
+
+
+def _catch_up(storage: Storage, batch: int = 100) -> FoldResult:
+    with storage.env.begin(write=True) as txn:
+        return FoldVisitors(batch).run(WriteContext(txn, storage, 0, 0))
+
+
+def _visitors(storage: Storage) -> dict[bytes, bytes]:
+    with storage.read() as txn:
+        return {bytes(k): bytes(v) for k, v in txn.cursor(db=storage.dbs.visitors)}
+
+
+BATCHES: list[list[Event]] = [
+    [("a1", "p", "pageview", False, "human", 1000), ("a2", "p", "click", False, "human", 1100),
+     ("a3", "p", "click", False, "human", 1200), ("a4", "bot", "pageview", True, "crawler", 1300)],
+    [("b1", "p", "click", False, "human", 1300), ("b2", "p", "_consent_transition", False, "human", 1400),
+     ("b3", "bot", "pageview", True, "ai_crawler", 1500)],
+    [("c1", "q", "scroll", False, "human", 900)],
+]
+
+
+def test_folding_at_commit_equals_reading_the_outbox(tmp_path: Path) -> None:
+    inline, read = Storage(tmp_path / "inline"), Storage(tmp_path / "read")
+    try:
+        fold = FoldAtCommit()
+        for number, batch in enumerate(BATCHES):
+            key_type = "mobile" if number == 2 else "browser"
+            _admit(inline, fold, batch, key_type=key_type)
+            _admit(read, None, batch, key_type=key_type)
+        assert (fold.groups, fold.events, fold.skipped) == (3, 8, 0)
+        assert fold_position(inline) == (8, 8)  # nothing left to catch up
+        assert _catch_up(inline) == FoldResult(0, 8, False)
+        assert fold_position(read) == (0, 8)
+        assert _catch_up(read) == FoldResult(8, 8, False)
+        assert _visitors(inline) == _visitors(read) and len(_visitors(inline)) == 3
+    finally:
+        inline.close()
+        read.close()
+
+
+def test_a_group_behind_the_cursor_is_left_to_the_catch_up(tmp_path: Path) -> None:
+    storage, twin = Storage(tmp_path / "s"), Storage(tmp_path / "t")
+    try:
+        fold = FoldAtCommit()
+        _admit(storage, fold, BATCHES[0])  # seqs 1-4, folded
+        _admit(storage, None, BATCHES[1])  # seqs 5-7: a process that did not fold them
+        _admit(storage, fold, BATCHES[2])  # seq 8: the cursor is at 4, so not folded
+        assert (fold.groups, fold.skipped) == (1, 1)
+        assert fold_position(storage) == (4, 8)
+        assert _catch_up(storage, batch=2) == FoldResult(2, 6, True)
+        assert _catch_up(storage) == FoldResult(2, 8, False)
+        _admit(storage, fold, [("d1", "q", "click", False, "human", 2000)])  # caught up: folded again
+        assert fold.groups == 2 and fold_position(storage) == (9, 9)
+        for batch in [*BATCHES, [("d1", "q", "click", False, "human", 2000)]]:
+            _admit(twin, None, batch)
+        assert _catch_up(twin) == FoldResult(9, 9, False)
+        assert _visitors(storage) == _visitors(twin)
+    finally:
+        storage.close()
+        twin.close()
+
+
+async def test_the_writer_folds_every_group_before_it_commits(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    writer = GroupCommitWriter(storage)
+    fold = writer.at_commit = FoldAtCommit()
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            async with trio.open_nursery() as clients:  # concurrent: they share groups
+                for batch in BATCHES:
+                    clients.start_soon(writer.submit, _job(batch))
+            assert fold_position(storage) == (8, 8)
+            assert fold.events == 8 and fold.skipped == 0
+            nursery.cancel_scope.cancel()
+        assert len(_visitors(storage)) == 3
+    finally:
+        storage.close()
+
+
+async def test_a_failing_fold_never_fails_the_admissions(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    writer = GroupCommitWriter(storage)
+    calls = []
+
+    def broken(ctx: WriteContext) -> None:
+        calls.append(len(ctx.appended or []))
+        raise RuntimeError("a bug in the fold")
+
+    writer.at_commit = broken
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            await writer.submit(_job(BATCHES[0]))
+            nursery.cancel_scope.cancel()
+        assert calls == [1]
+        # committed, not folded: the catch-up finds the events in the outbox
+        assert fold_position(storage) == (0, 4)
+        with storage.read() as txn:
+            assert txn.get(CURSOR.encode(), db=storage.dbs.cursors) is None
+        assert _catch_up(storage) == FoldResult(4, 4, False)
+    finally:
+        storage.close()
