@@ -146,7 +146,7 @@ def _component_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
     yield gauge("collector_visitor_fold_at_commit_events", "Outbox entries those groups held", fold.events)
     yield gauge(
         "collector_visitor_fold_at_commit_skipped",
-        "Groups left to the catch-up because the visitor cursor was behind them",
+        "Groups left to the catch-up (the visitor cursor was behind them, or events lacked their facts)",
         fold.skipped,
     )
     if services.projection is not None:

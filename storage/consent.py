@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
+from storage.bounded_keys import bounded_key
 from storage.env import Storage
 from storage.errors import mapped_lmdb_errors
 
@@ -26,7 +27,7 @@ _decoder = msgspec.msgpack.Decoder(RecordedConsent)
 
 
 def consent_key(client_id: str, site_id: str, visitor_id: str) -> bytes:
-    return f"{client_id}\x00{site_id}\x00{visitor_id}".encode()
+    return bounded_key(f"{client_id}\x00{site_id}\x00", visitor_id)
 
 
 def encode(state: RecordedConsent) -> bytes:

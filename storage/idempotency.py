@@ -11,6 +11,8 @@ from typing import Any
 
 import msgspec
 
+from storage.bounded_keys import MAX_KEY_BYTES, bounded_key
+
 
 class IdempotencyRecord(msgspec.Struct, array_like=True, frozen=True):
     content_hash: bytes
@@ -23,13 +25,16 @@ _decoder = msgspec.msgpack.Decoder(IdempotencyRecord)
 
 
 def ledger_key(client_id: str, eid: str) -> bytes:
-    return f"{client_id}\x00{eid}".encode()
+    return bounded_key(f"{client_id}\x00", eid)
 
 
 def ledger_keys(client_id: str, eids: Iterable[str]) -> list[bytes]:
     """ledger_key for many ids of one client."""
     prefix = client_id + "\x00"
-    return [(prefix + eid).encode() for eid in eids]
+    keys = [(prefix + eid).encode() for eid in eids]
+    if any(len(key) > MAX_KEY_BYTES for key in keys):  # rare: spell it out only then
+        return [ledger_key(client_id, eid) for eid in eids]
+    return keys
 
 
 def public_ledger_key(client_id: str, eid: str) -> str:

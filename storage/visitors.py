@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from storage import outbox
+from storage.bounded_keys import bounded_key
 from storage.env import Storage
 from storage.errors import mapped_lmdb_errors
 from storage.outbox import Appended
@@ -105,7 +106,7 @@ NATIVE_KEY_TYPES = frozenset({"mobile", "server"})
 
 
 def visitor_key(client_id: str, site_id: str, visitor_id: str) -> bytes:
-    return f"{client_id}\x00{site_id}\x00{visitor_id}".encode()
+    return bounded_key(f"{client_id}\x00{site_id}\x00", visitor_id)
 
 
 class FoldResult(msgspec.Struct, frozen=True):
@@ -249,6 +250,8 @@ class FoldAtCommit:
             self.skipped += 1
             return
         seen, read, last = gathered
+        if not read:  # a catch-up earlier in this group folded them all
+            return
         _write(txn, dbs, seen, last)
         self.groups += 1
         self.events += read
@@ -277,13 +280,17 @@ def _write(txn: Any, dbs: Any, seen: _Seen, last: int) -> None:
 def _from_appended(appended: list[Appended], after: int) -> tuple[_Seen, int, int] | None:
     """What reading these appends back from the outbox would give, when they continue seq `after`.
 
-    None when they do not (a gap: the catch-up reads the outbox), or when a
-    candidate lacks its facts.
+    Entries the cursor already passed are left out: a catch-up job earlier in
+    the same group folded them from the outbox. None when the rest do not
+    continue the cursor (a gap, or a catch-up that stopped inside an entry:
+    the catch-up reads the outbox), or when a candidate lacks its facts.
     """
     seen: _Seen = {}
     read = 0
     expected = after + 1
     for entry in appended:
+        if entry.last_seq <= after:
+            continue
         if entry.first_seq != expected:
             return None
         expected = entry.last_seq + 1
@@ -344,10 +351,11 @@ def iter_visitors(storage: Storage, visitor_id: str, client_id: str | None = Non
         found = []
         positioned = cursor.set_range(f"{client_id}\x00".encode()) if client_id else cursor.first()
         while positioned:
-            client, site, visitor = bytes(cursor.key()).decode().split("\x00", 2)
+            key = bytes(cursor.key())
+            client, site, _ = key.decode(errors="replace").split("\x00", 2)
             if client_id is not None and client != client_id:
                 break
-            if visitor == visitor_id:
+            if key == visitor_key(client, site, visitor_id):  # also when the id was digested
                 found.append((client, site, _decoder.decode(cursor.value())))
             positioned = cursor.next()
     yield from found

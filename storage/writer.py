@@ -70,6 +70,13 @@ class WriteJob(Protocol):
         """Read, decide, then write. Raise JobRefused before writing to refuse."""
 
 
+AtCommit = Callable[[WriteContext], object]
+
+
+class _AtCommitFailed(Exception):
+    """LMDB refused what the in-transaction consumer wrote (the transaction must be aborted)."""
+
+
 class WriterStatistics(msgspec.Struct, frozen=True):
     queued: int
     max_queue: int
@@ -123,9 +130,10 @@ class GroupCommitWriter:
         # Runs at the end of every group that appended to the outbox, inside its
         # transaction, with the group's appends in ctx.appended (the visitor
         # projection folds them there). Set before the writer starts. It must
-        # decide before it writes: an exception other than an LMDB error is
-        # logged and the group commits without it.
-        self.at_commit: Callable[[WriteContext], object] | None = None
+        # decide before it writes: a Python exception is logged and the group
+        # commits without it; an LMDB error aborts, and the group is redone
+        # without it. Either way the admissions never fail because of it.
+        self.at_commit: AtCommit | None = None
         self.healthy = True  # False from a failed commit until the next good one
         self._stats = dict.fromkeys(
             (
@@ -201,10 +209,17 @@ class GroupCommitWriter:
 
     def _commit_group(self, group: list[_Ticket]) -> None:
         pending = list(group)
+        at_commit = self.at_commit
         while pending:
             started = time.perf_counter()
             try:
-                outcome = self._try_transaction(pending)
+                outcome = self._try_transaction(pending, at_commit)
+            except _AtCommitFailed as failed:
+                # LMDB refused the consumer's writes: the transaction is aborted;
+                # redo the group without the consumer (its catch-up has it).
+                log.error("in-transaction consumer failed; the group is redone without it: %s", failed)
+                at_commit = None
+                continue
             except lmdb.MapResizedError:
                 # another process sharing the environment grew the map
                 self._adopt_map_size()
@@ -235,14 +250,14 @@ class GroupCommitWriter:
             self._deliver(pending, committed=True)
             return
 
-    def _try_transaction(self, pending: list[_Ticket]) -> _Ticket | None:
+    def _try_transaction(self, pending: list[_Ticket], at_commit: AtCommit | None) -> _Ticket | None:
         # While a write transaction is open (or being begun) no thread of this
         # process may resize the map; the guard is released before _grow and
         # _adopt_map_size run, so they never wait on it from here.
         with self.storage.write_guard():
-            return self._run_group(pending)
+            return self._run_group(pending, at_commit)
 
-    def _run_group(self, pending: list[_Ticket]) -> _Ticket | None:
+    def _run_group(self, pending: list[_Ticket], at_commit: AtCommit | None) -> _Ticket | None:
         txn = self.storage.env.begin(write=True)
         try:
             # Beginning may have waited for LMDB's writer lock (another worker
@@ -250,7 +265,6 @@ class GroupCommitWriter:
             # instead of waiting for a transaction of their own.
             self._top_up(pending)
             now_ms = self._clock_ms()
-            at_commit = self.at_commit
             ctx = WriteContext(
                 txn, self.storage, _read_next_seq(txn, self.storage), now_ms, feeding=at_commit is not None
             )
@@ -271,9 +285,12 @@ class GroupCommitWriter:
             if at_commit is not None and ctx.appended:
                 try:
                     at_commit(ctx)
-                except lmdb.Error:
-                    raise
+                except (lmdb.MapFullError, lmdb.MapResizedError):
+                    raise  # grow or adopt the map, then redo the group as for any job
+                except lmdb.Error as exc:
+                    raise _AtCommitFailed(str(exc)) from exc
                 except Exception:
+                    # It decides before it writes, so it wrote nothing.
                     log.exception("in-transaction consumer failed; the group commits without it")
             if ctx.next_seq != first_seq:
                 txn.put(NEXT_SEQ, ctx.next_seq.to_bytes(8, "big"), db=self.storage.dbs.meta)

@@ -141,3 +141,55 @@ async def test_a_failing_fold_never_fails_the_admissions(tmp_path: Path) -> None
         assert _catch_up(storage) == FoldResult(4, 4, False)
     finally:
         storage.close()
+
+
+def test_a_catch_up_inside_the_group_does_not_stop_the_fold_at_commit(tmp_path: Path) -> None:
+    storage, twin = Storage(tmp_path / "s"), Storage(tmp_path / "t")
+    try:
+        _admit(storage, None, BATCHES[0])  # seqs 1-4, not folded: the cursor is behind
+        fold = FoldAtCommit()
+        # One group: an admission, the catch-up job (it folds seqs 1-7 from the
+        # outbox, including the admission before it), another admission.
+        with storage.env.begin(write=True) as txn:
+            raw = txn.get(outbox.NEXT_SEQ, db=storage.dbs.meta)
+            ctx = WriteContext(txn, storage, int.from_bytes(raw, "big"), 5000, feeding=True)
+            _job(BATCHES[1]).run(ctx)
+            assert FoldVisitors(100).run(ctx) == FoldResult(7, 7, False)
+            _job(BATCHES[2]).run(ctx)
+            fold(ctx)
+            txn.put(outbox.NEXT_SEQ, ctx.next_seq.to_bytes(8, "big"), db=storage.dbs.meta)
+        assert (fold.groups, fold.events, fold.skipped) == (1, 1, 0)  # seq 8 alone
+        assert fold_position(storage) == (8, 8)
+        for batch in BATCHES:
+            _admit(twin, None, batch)
+        _catch_up(twin)
+        assert _visitors(storage) == _visitors(twin)
+    finally:
+        storage.close()
+        twin.close()
+
+
+async def test_an_lmdb_error_in_the_fold_redoes_the_group_without_it(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    writer = GroupCommitWriter(storage)
+    calls = []
+
+    def too_long_a_key(ctx: WriteContext) -> None:
+        calls.append(len(ctx.appended or []))
+        ctx.txn.put(b"k" * 600, b"v", db=ctx.dbs.visitors)  # MDB_BAD_VALSIZE
+
+    writer.at_commit = too_long_a_key
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            async with trio.open_nursery() as clients:
+                for batch in BATCHES:
+                    clients.start_soon(writer.submit, _job(batch))
+            nursery.cancel_scope.cancel()
+        assert calls and writer.healthy
+        stats = writer.statistics()
+        assert stats.jobs_committed == 3 and stats.jobs_failed == 0
+        assert fold_position(storage) == (0, 8)  # committed, left to the catch-up
+        assert _visitors(storage) == {}
+    finally:
+        storage.close()
