@@ -1,7 +1,8 @@
 """Session-replay chunks: one record per (clientId, siteId, sessionId, seq).
 
 Key: `clientId \\0 siteId \\0 sessionId \\0 seq` with seq as 8 bytes big-endian,
-so one session's chunks sit together and read back in sequence order. The
+so one session's chunks sit together and read back in sequence order (a
+session id too long for that is digested: storage/bounded_keys.py). The
 value is a msgpack `ReplayRecord`; its first fields are the small ones, so
 retention and `check` decode a `ReplayHead` without copying the chunk.
 
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 
 import msgspec
 
+from storage.bounded_keys import bounded_key
 from storage.env import Storage
 from storage.errors import mapped_lmdb_errors
 from storage.writer import JobRefused, WriteContext
@@ -59,7 +61,12 @@ _head_decoder = msgspec.msgpack.Decoder(ReplayHead)
 
 
 def chunk_key(client_id: str, site_id: str, session_id: str, seq: int) -> bytes:
-    return f"{client_id}\x00{site_id}\x00{session_id}\x00".encode() + seq.to_bytes(8, "big")
+    return _session_part(client_id, site_id, session_id) + b"\x00" + seq.to_bytes(8, "big")
+
+
+def _session_part(client_id: str, site_id: str, session_id: str) -> bytes:
+    # A session id too long for LMDB's key size is digested (storage/bounded_keys.py).
+    return bounded_key(f"{client_id}\x00{site_id}\x00", session_id, reserve=9)
 
 
 def split_key(key: bytes) -> tuple[str, str, str, int] | None:
@@ -163,8 +170,8 @@ def iter_session(
                     break
                 after = key
                 parts = split_key(key)
-                if parts is not None and parts[2] == session_id:
-                    rows.append((parts, decode(cursor.value())))
+                if parts is not None and key[:-9] == _session_part(parts[0], parts[1], session_id):
+                    rows.append(((parts[0], parts[1], session_id, parts[3]), decode(cursor.value())))
                 positioned = cursor.next()
         yield from rows
         if not positioned:

@@ -331,3 +331,19 @@ async def test_retention_sweeps_old_chunks(nursery: trio.Nursery, tmp_path: Path
         await trio.sleep(0.2)
     else:
         raise AssertionError("the retention sweep did not remove the expired chunk")
+
+
+async def test_a_session_id_of_the_full_length_is_stored_and_found(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # 128 characters of four bytes each: over LMDB's 511-byte keys until digested
+    session = "\U0001f600" * 128
+    server = await serve(nursery, tmp_path)
+    first = await send(server, chunk(0, session=session))
+    assert first.status_code == 202, first.text
+    assert first.json()["sessionId"] == session
+    assert (await send(server, chunk(1, session=session))).status_code == 202
+    assert (await send(server, chunk(0, session=session))).json()["duplicate"] is True
+    refused_with(await send(server, chunk(0, session=session, visitorId="v2")), 409, "idempotency_conflict")
+    rows = await replay_dump(server, "--session", session)
+    assert [(row["sessionId"], row["seq"]) for row in rows] == [(session, 0), (session, 1)]
+    report = await trio.to_thread.run_sync(lambda: run_cli("check", data_dir=server.data_dir))
+    assert json.loads(report.stdout)["replay_chunks"] == 2 and json.loads(report.stdout)["problems"] == []
