@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from storage.bounded_keys import MAX_KEY_BYTES, bounded_key
+from storage.bounded_keys import bounded_key
 
 
 class IdempotencyRecord(msgspec.Struct, array_like=True, frozen=True):
@@ -31,10 +31,7 @@ def ledger_key(client_id: str, eid: str) -> bytes:
 def ledger_keys(client_id: str, eids: Iterable[str]) -> list[bytes]:
     """ledger_key for many ids of one client."""
     prefix = client_id + "\x00"
-    keys = [(prefix + eid).encode() for eid in eids]
-    if any(len(key) > MAX_KEY_BYTES for key in keys):  # rare: spell it out only then
-        return [ledger_key(client_id, eid) for eid in eids]
-    return keys
+    return [bounded_key(prefix, eid) for eid in eids]
 
 
 def public_ledger_key(client_id: str, eid: str) -> str:

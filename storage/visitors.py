@@ -212,12 +212,7 @@ class FoldVisitors:
                         facts.receivedAt or record.committed_ms, bool(facts.bot.get("isBot")),
                         str(facts.bot.get("category", "")), facts.type, native, outbox.event_time(client_ms),
                     )
-                vkey = (record.client_id, record.site_id, visitor)
-                events = seen.get(vkey)
-                if events is None:
-                    seen[vkey] = [event]
-                else:
-                    events.append(event)
+                seen.setdefault((record.client_id, record.site_id, visitor), []).append(event)
         last = int.from_bytes(last_key, "big") if last_key is not None else after
         return seen, read, last
 
@@ -304,12 +299,7 @@ def _from_appended(appended: list[Appended], after: int) -> tuple[_Seen, int, in
             if cand.event_type == "_consent_transition":
                 continue
             event = VisitorEvent(at_ms, cand.is_bot, cand.bot_category, cand.event_type, native, cand.event_ms)
-            vkey = (client_id, site_id, visitor)
-            events = seen.get(vkey)
-            if events is None:
-                seen[vkey] = [event]
-            else:
-                events.append(event)
+            seen.setdefault((client_id, site_id, visitor), []).append(event)
     return seen, read, expected - 1
 
 

@@ -11,7 +11,7 @@ from storage import outbox
 from storage.admission import Admission, Candidate
 from storage.env import Storage
 from storage.visitors import CURSOR, FoldAtCommit, FoldResult, FoldVisitors, fold_position
-from storage.writer import GroupCommitWriter, WriteContext
+from storage.writer import AtCommit, GroupCommitWriter, WriteContext
 
 Event = tuple[str, str, str, bool, str, int]  # eid, visitor, type, is_bot, category, client ms
 
@@ -43,6 +43,19 @@ def _admit(storage: Storage, fold: FoldAtCommit | None, events: list[Event], *, 
 def _catch_up(storage: Storage, batch: int = 100) -> FoldResult:
     with storage.env.begin(write=True) as txn:
         return FoldVisitors(batch).run(WriteContext(txn, storage, 0, 0))
+
+
+async def _through_writer(storage: Storage, at_commit: AtCommit, batches: list[list[Event]]) -> GroupCommitWriter:
+    """Submit every batch at once (they share groups) to a writer with `at_commit`; the stopped writer."""
+    writer = GroupCommitWriter(storage)
+    writer.at_commit = at_commit
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        async with trio.open_nursery() as clients:
+            for batch in batches:
+                clients.start_soon(writer.submit, _job(batch))
+        nursery.cancel_scope.cancel()
+    return writer
 
 
 def _visitors(storage: Storage) -> dict[bytes, bytes]:
@@ -102,17 +115,11 @@ def test_a_group_behind_the_cursor_is_left_to_the_catch_up(tmp_path: Path) -> No
 
 async def test_the_writer_folds_every_group_before_it_commits(tmp_path: Path) -> None:
     storage = Storage(tmp_path)
-    writer = GroupCommitWriter(storage)
-    fold = writer.at_commit = FoldAtCommit()
+    fold = FoldAtCommit()
     try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(writer.run)
-            async with trio.open_nursery() as clients:  # concurrent: they share groups
-                for batch in BATCHES:
-                    clients.start_soon(writer.submit, _job(batch))
-            assert fold_position(storage) == (8, 8)
-            assert fold.events == 8 and fold.skipped == 0
-            nursery.cancel_scope.cancel()
+        await _through_writer(storage, fold, BATCHES)
+        assert fold_position(storage) == (8, 8)
+        assert fold.events == 8 and fold.skipped == 0
         assert len(_visitors(storage)) == 3
     finally:
         storage.close()
@@ -120,19 +127,14 @@ async def test_the_writer_folds_every_group_before_it_commits(tmp_path: Path) ->
 
 async def test_a_failing_fold_never_fails_the_admissions(tmp_path: Path) -> None:
     storage = Storage(tmp_path)
-    writer = GroupCommitWriter(storage)
     calls = []
 
     def broken(ctx: WriteContext) -> None:
         calls.append(len(ctx.appended or []))
         raise RuntimeError("a bug in the fold")
 
-    writer.at_commit = broken
     try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(writer.run)
-            await writer.submit(_job(BATCHES[0]))
-            nursery.cancel_scope.cancel()
+        await _through_writer(storage, broken, BATCHES[:1])
         assert calls == [1]
         # committed, not folded: the catch-up finds the events in the outbox
         assert fold_position(storage) == (0, 4)
@@ -171,21 +173,14 @@ def test_a_catch_up_inside_the_group_does_not_stop_the_fold_at_commit(tmp_path: 
 
 async def test_an_lmdb_error_in_the_fold_redoes_the_group_without_it(tmp_path: Path) -> None:
     storage = Storage(tmp_path)
-    writer = GroupCommitWriter(storage)
     calls = []
 
     def too_long_a_key(ctx: WriteContext) -> None:
         calls.append(len(ctx.appended or []))
         ctx.txn.put(b"k" * 600, b"v", db=ctx.dbs.visitors)  # MDB_BAD_VALSIZE
 
-    writer.at_commit = too_long_a_key
     try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(writer.run)
-            async with trio.open_nursery() as clients:
-                for batch in BATCHES:
-                    clients.start_soon(writer.submit, _job(batch))
-            nursery.cancel_scope.cancel()
+        writer = await _through_writer(storage, too_long_a_key, BATCHES)
         assert calls and writer.healthy
         stats = writer.statistics()
         assert stats.jobs_committed == 3 and stats.jobs_failed == 0
