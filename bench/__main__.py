@@ -22,19 +22,37 @@ SWEEP_SCENARIOS = ("single", "batch25")
 
 
 def table(results: list[Result], *, ratio_to: str = "baseline") -> str:
-    base = next((r.requests_per_s for r in results if r.scenario == ratio_to), 0.0)
+    """The run's table.
+
+    `x base`: throughput relative to `ratio_to` in the same run. `+us/req` and
+    `+us/ev`: the CPU a request spends above the baseline's, per request and
+    per event carried (when every request was answered 2xx): what the pipeline
+    costs beyond the HTTP stack, the figure a noisy host moves least.
+    """
+    reference = next((r for r in results if r.scenario == ratio_to), None)
     head = (f"{'scenario':<14}{'wk':>3}{'conn':>5}{'req/s':>9}{'events/s':>10}{'p50 ms':>8}{'p99 ms':>8}"
-            f"{'p99.9':>8}{'cpu ms/req':>11}{'cpu s/1k ev':>12}{'rss MB':>8}{'group':>7}{'non2xx':>8}{'x base':>8}")
+            f"{'p99.9':>8}{'cpu ms/req':>11}{'cpu s/1k ev':>12}{'rss MB':>8}{'group':>7}{'non2xx':>8}{'x base':>8}"
+            f"{'+us/req':>9}{'+us/ev':>8}")
     lines = [head, "-" * len(head)]
     for r in results:
-        ratio = f"{r.requests_per_s / base:.2f}" if base else "-"
+        ratio = f"{r.requests_per_s / reference.requests_per_s:.2f}" if reference else "-"
+        per_request, per_event = _over_baseline(r, reference)
         lines.append(
             f"{r.scenario:<14}{r.workers:>3}{r.connections:>5}{r.requests_per_s:>9.0f}{r.events_per_s:>10.0f}"
             f"{r.p50_ms:>8.1f}{r.p99_ms:>8.1f}{r.p999_ms:>8.1f}{r.cpu_ms_per_request:>11.3f}"
             f"{r.cpu_s_per_1000_events:>12.4f}{r.peak_rss_mb:>8.0f}{r.group_commit_size:>7.1f}"
-            f"{r.non2xx:>8}{ratio:>8}"
+            f"{r.non2xx:>8}{ratio:>8}{per_request:>9}{per_event:>8}"
         )
     return "\n".join(lines)
+
+
+def _over_baseline(result: Result, reference: Result | None) -> tuple[str, str]:
+    """CPU microseconds above the reference, per request and per event ("-" where meaningless)."""
+    if reference is None or result is reference or not result.cpu_is_per_request:
+        return "-", "-"
+    extra_us = (result.cpu_ms_per_request - reference.cpu_ms_per_request) * 1000
+    per_event = extra_us / result.events_per_request if result.events_per_request and not result.non2xx else None
+    return f"{extra_us:.0f}", "-" if per_event is None else f"{per_event:.1f}"
 
 
 def sweep_table(rows: list[Result]) -> str:

@@ -49,6 +49,7 @@ class Result:
     events_per_request: int
     note: str = ""
     workers: int = 1
+    cpu_is_per_request: bool = True  # False: cpu_ms_per_request also counts load beside the requests
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -232,6 +233,7 @@ def run_signals_read(wrk: str, *, seconds: float, warmup: float, connections: in
                 non2xx=int(reads["non2xx"]),
                 socket_errors=int(reads["socket_errors"]),
                 events_per_request=0,
+                cpu_is_per_request=False,
                 note=(f"reads of one active visitor on {readers} connections while batch25 ingest ran on"
                       f" {writers}: ingest {ingest_rps:.0f} req/s, p99 {ingest_stats['p99_us'] / 1000:.1f} ms,"
                       f" {int(ingest_stats['non2xx'])} non-2xx; events/s is the ingest's; cpu per read"
