@@ -31,8 +31,9 @@ category (the latest on a tie).
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any, NamedTuple
 
@@ -235,21 +236,28 @@ class FoldAtCommit:
         self.events = 0  # outbox entries they held
         self.skipped = 0  # groups left to the catch-up (the cursor was behind)
 
-    def __call__(self, ctx: WriteContext) -> None:
+    def __call__(self, ctx: WriteContext) -> Callable[[], None] | None:
+        """Fold inside the transaction; returns what counts it once the transaction commits."""
         appended = ctx.appended
         if not appended:
-            return
+            return None
         txn, dbs = ctx.txn, ctx.dbs
         gathered = _from_appended(appended, _read_cursor(txn, dbs))
         if gathered is None:
-            self.skipped += 1
-            return
+            return self._count_skipped
         seen, read, last = gathered
         if not read:  # a catch-up earlier in this group folded them all
-            return
+            return None
         _write(txn, dbs, seen, last)
+        return functools.partial(self._count_folded, read)
+
+    # Counted only after the commit: a group redone (map growth) or aborted counts once or not at all.
+    def _count_skipped(self) -> None:
+        self.skipped += 1
+
+    def _count_folded(self, events: int) -> None:
         self.groups += 1
-        self.events += read
+        self.events += events
 
 
 def _read_cursor(txn: Any, dbs: Any) -> int:

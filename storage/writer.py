@@ -70,7 +70,9 @@ class WriteJob(Protocol):
         """Read, decide, then write. Raise JobRefused before writing to refuse."""
 
 
-AtCommit = Callable[[WriteContext], object]
+# Runs inside the group's transaction, after its jobs; may return what to run
+# once that transaction has committed (for example counting what it did).
+AtCommit = Callable[[WriteContext], Callable[[], None] | None]
 
 
 class _AtCommitFailed(Exception):
@@ -282,9 +284,10 @@ class GroupCommitWriter:
                     ticket.error = StorageError(f"write failed: {exc}")
                     txn.abort()
                     return ticket
+            committed: Callable[[], None] | None = None
             if at_commit is not None and ctx.appended:
                 try:
-                    at_commit(ctx)
+                    committed = at_commit(ctx)
                 except (lmdb.MapFullError, lmdb.MapResizedError):
                     raise  # grow or adopt the map, then redo the group as for any job
                 except lmdb.Error as exc:
@@ -298,6 +301,8 @@ class GroupCommitWriter:
         except BaseException:
             txn.abort()
             raise
+        if committed is not None:
+            committed()
         return None
 
     def _top_up(self, pending: list[_Ticket]) -> None:

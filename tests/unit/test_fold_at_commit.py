@@ -35,9 +35,10 @@ def _admit(storage: Storage, fold: FoldAtCommit | None, events: list[Event], *, 
         raw = txn.get(outbox.NEXT_SEQ, db=storage.dbs.meta)
         ctx = WriteContext(txn, storage, int.from_bytes(raw, "big") if raw else 1, 5000, feeding=fold is not None)
         _job(events, key_type=key_type).run(ctx)
-        if fold is not None:
-            fold(ctx)
+        committed = fold(ctx) if fold is not None else None
         txn.put(outbox.NEXT_SEQ, ctx.next_seq.to_bytes(8, "big"), db=storage.dbs.meta)
+    if committed is not None:
+        committed()
 
 
 def _catch_up(storage: Storage, batch: int = 100) -> FoldResult:
@@ -158,8 +159,10 @@ def test_a_catch_up_inside_the_group_does_not_stop_the_fold_at_commit(tmp_path: 
             _job(BATCHES[1]).run(ctx)
             assert FoldVisitors(100).run(ctx) == FoldResult(7, 7, False)
             _job(BATCHES[2]).run(ctx)
-            fold(ctx)
+            committed = fold(ctx)
             txn.put(outbox.NEXT_SEQ, ctx.next_seq.to_bytes(8, "big"), db=storage.dbs.meta)
+        assert committed is not None
+        committed()
         assert (fold.groups, fold.events, fold.skipped) == (1, 1, 0)  # seq 8 alone
         assert fold_position(storage) == (8, 8)
         for batch in BATCHES:
@@ -186,5 +189,21 @@ async def test_an_lmdb_error_in_the_fold_redoes_the_group_without_it(tmp_path: P
         assert stats.jobs_committed == 3 and stats.jobs_failed == 0
         assert fold_position(storage) == (0, 8)  # committed, left to the catch-up
         assert _visitors(storage) == {}
+    finally:
+        storage.close()
+
+
+def test_a_fold_counts_only_once_its_transaction_commits(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    try:
+        fold = FoldAtCommit()
+        with storage.env.begin(write=True) as txn:
+            ctx = WriteContext(txn, storage, 1, 5000, feeding=True)
+            _job(BATCHES[0]).run(ctx)
+            assert fold(ctx) is not None
+            txn.abort()  # as the writer does when the commit fails or the group is redone
+        assert (fold.groups, fold.events, fold.skipped) == (0, 0, 0)
+        _admit(storage, fold, BATCHES[0])
+        assert (fold.groups, fold.events, fold.skipped) == (1, 4, 0)
     finally:
         storage.close()
