@@ -2,7 +2,7 @@
 
 A registered domain covers itself and its subdomains, with a dot as the
 boundary (`evilacme.com` never matches `acme.com`); a leading `*.` is
-stripped. A domain registered with a subdomain host (`shop.example.co.uk`)
+stripped; both sides are compared in IDNA form (`hostnames.py`). A domain registered with a subdomain host (`shop.example.co.uk`)
 also covers its apex and siblings: matching follows the registrable root
 from the Public Suffix List (`example.co.uk`). Loopback hosts always pass.
 """
@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from publicsuffixlist import PublicSuffixList
 
+from collector.access.hostnames import ascii_host, normalize_domain, utf8_header
 from collector.access.tenants import KeyRecord, KeyType, Site
 from collector.errors import ServiceError
 
@@ -25,11 +26,6 @@ DEFAULT_SITE = Site(siteId="default")
 @functools.lru_cache(maxsize=65536)
 def registrable_root(host: str) -> str:
     return _PSL.privatesuffix(host) or host
-
-
-def normalize_domain(domain: str) -> str:
-    domain = domain.strip().lower().rstrip(".")
-    return domain[2:] if domain.startswith("*.") else domain
 
 
 # Requests repeat the same few Origin values: their parsed hosts and loopback
@@ -51,11 +47,11 @@ def _request_host(origin: str | None, referer: str | None) -> str | None:
         if not value or value.strip().lower() == "null":
             continue
         try:
-            host = urlsplit(value.strip()).hostname
+            host = urlsplit(utf8_header(value.strip())).hostname
         except ValueError:
             continue
         if host:
-            return host.rstrip(".").lower()
+            return ascii_host(host)
     return None
 
 
@@ -131,13 +127,21 @@ def bind_site(key: KeyRecord, matched: Site | None) -> Site:
     )
 
 
-def bind_page_site(key: KeyRecord, origin: str | None, referer: str | None, page_url: str) -> Site:
-    """Site scope without the browser gate (POST /v1/edge/pageview): match the page's host.
+def forwarded_site(key: KeyRecord, origin: str | None, referer: str | None) -> Site | None:
+    """POST /v1/edge/pageview: the browser gate and site scope when Origin or Referer is present.
 
-    The host comes from Origin or Referer when the edge worker forwards them,
-    else from the pageview's own URL; no match on a key with several
-    properties is site_scope_ambiguous, as for every write (spec 5.5 rule 5).
+    None when neither header was sent (an edge worker): bind_page_site decides.
     """
-    host = request_host(origin, referer) or request_host(page_url, None)
-    return bind_site(key, match_site(key, host) if host else None)
+    if origin is None and referer is None:
+        return None
+    return bind_site(key, gate(key, origin, referer))
 
+
+def bind_page_site(key: KeyRecord, page_url: str) -> Site:
+    """Site scope without the browser gate (an edge worker's pageview): match the page's host.
+
+    No match on a key with several properties is site_scope_ambiguous, as for
+    every write (spec 5.5 rule 5).
+    """
+    host = request_host(page_url, None)
+    return bind_site(key, match_site(key, host) if host else None)

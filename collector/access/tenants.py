@@ -11,6 +11,8 @@ from typing import Annotated
 
 import msgspec
 
+from collector.access.hostnames import domain_problem
+
 
 class KeyType(enum.StrEnum):
     BROWSER = "browser"
@@ -108,6 +110,14 @@ def parse_tenants_file(data: bytes) -> list[KeyRecord]:
         if record.key in seen:
             raise TenantsFileError(f"invalid tenants file: duplicate key at $.keys[{index}]")
         seen.add(record.key)
+        for site_index, site in enumerate(record.sites):
+            for domain_index, domain in enumerate(site.domains):
+                problem = domain_problem(domain)
+                if problem:
+                    raise TenantsFileError(
+                        f"invalid tenants file: domain {domain!r} {problem}"
+                        f" - at $.keys[{index}].sites[{site_index}].domains[{domain_index}]"
+                    )
         if record.key_type is not KeyType.BROWSER and len(record.sites) > 1:
             raise TenantsFileError(
                 f"invalid tenants file: a {record.key_type} key belongs to one property"

@@ -11,7 +11,7 @@ from functools import partial
 
 import msgspec
 
-from collector.access.domains import bind_page_site
+from collector.access.domains import bind_page_site, forwarded_site
 from collector.access.gate import admit_key, admit_writer
 from collector.access.signature import verify_server_signature
 from collector.access.tenants import KeyType, Site
@@ -90,10 +90,15 @@ async def _ingest(
     header_key, query_key = hdr.get("x-api-key"), request.query.get("key")
     signature_headers = (hdr.get("x-cs-timestamp"), hdr.get("x-cs-signature"))
     site: Site | None = None
-    if route == EDGE_ROUTE:  # not browser-facing: the site is bound from the page URL below
+    if route == EDGE_ROUTE:
         record, _ = admit_key(
             services.keys, header_key=header_key, query_key=query_key, signature_headers=signature_headers
         )
+        # An edge worker sends no Origin or Referer: its site is bound from the
+        # page URL below. A request that carries either came from (or on behalf
+        # of) a browser page, and a public website key in ?key= would otherwise
+        # let any site write here: the browser's domain gate applies (spec 5.5).
+        site = forwarded_site(record, hdr.get("origin"), hdr.get("referer"))
     else:
         caller = admit_writer(
             services.keys,
@@ -119,6 +124,7 @@ async def _ingest(
             idempotency_key=hdr.get("idempotency-key"),
             body=raw,
             now_s=now_ms / 1000,
+            path=route,  # a signature is bound to its route: "/v1/events" as spec 5.2 spells it
         )
     body = decompress_body(raw, hdr.get("content-encoding"), hdr.get("content-type"))
     if route != "/v1/events":
@@ -126,7 +132,8 @@ async def _ingest(
         refuse_payment_data(body)
         if route == EDGE_ROUTE:
             body, page_url = edge_to_event(body, user_agent=hdr.get("user-agent"), now_ms=now_ms)
-            site = bind_page_site(record, hdr.get("origin"), hdr.get("referer"), page_url)
+            if site is None:
+                site = bind_page_site(record, page_url)
         else:
             body = consent_to_event(body, now_ms=now_ms)
     assert site is not None  # bound by the gate, or from the edge page above

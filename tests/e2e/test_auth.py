@@ -118,6 +118,28 @@ async def test_signed_server_write_and_its_errors(server: RunningServer) -> None
     assert response.json()["error"] == "server_signature_expired"
 
 
+async def test_a_far_future_timestamp_of_any_length_is_expired_not_a_crash(server: RunningServer) -> None:
+    body = json.dumps(server_event("s3")).encode()
+    for ts in ("9" * 13, "9" * 309, "9" * 5000):  # past float range, past int() digit limit
+        response = await server.client.post("/v1/events", content=body, headers={
+            "X-API-Key": SERVER_KEY, "X-CS-Timestamp": ts, "X-CS-Signature": sign(SERVER_KEY, ts, None, body)})
+        assert response.status_code == 401, response.text
+        assert response.json()["error"] == "server_signature_expired"
+
+
+async def test_a_signature_is_bound_to_its_route(server: RunningServer) -> None:
+    body = json.dumps({"visitorId": "v9", "consent": {"analytics": True}}).encode()
+    ts = str(int(time.time()))
+    headers = {"X-API-Key": SERVER_KEY, "X-CS-Timestamp": ts, "Content-Type": "application/json"}
+    for_events = sign(SERVER_KEY, ts, None, body)
+    response = await server.client.post("/v1/consent", content=body, headers={**headers, "X-CS-Signature": for_events})
+    assert response.status_code == 401
+    assert response.json()["error"] == "invalid_server_signature"
+    own = sign(SERVER_KEY, ts, None, body, "/v1/consent")
+    response = await server.client.post("/v1/consent", content=body, headers={**headers, "X-CS-Signature": own})
+    assert response.status_code == 202, response.text
+
+
 async def test_mobile_key_is_stamped_react_native(server: RunningServer) -> None:
     event = pageview("m1", page={"path": "Home", "title": "Home"}, device={})
     response = await server.client.post("/v1/events", json=event, headers={"X-API-Key": MOBILE_KEY})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import trio
@@ -110,6 +111,41 @@ async def test_edge_pageviews_bind_by_page_url_without_the_browser_gate(
     )
     assert single.status_code == 202  # a single-property key binds automatically
     assert [row["siteId"] for row in await outbox_dump(server.data_dir)] == ["main", "shop", "main", "web"]
+
+
+async def test_a_browser_page_posting_edge_pageviews_meets_the_domain_gate(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # The public website key in ?key= must not let any site write pageviews here.
+    server = await start_server(nursery, tmp_path, TENANTS)
+    body = {"_eid": "ev", "url": "https://evil.com/", "visitorId": "v", "sessionId": "s", "userAgent": "Mozilla/5.0"}
+    for headers, error in (({"Origin": "https://evil.com"}, "domain_not_allowed"),
+                           ({"Referer": "https://evil.com/page"}, "domain_not_allowed"),
+                           ({"Origin": "null"}, "origin_required")):  # a sandboxed frame
+        response = await server.client.post(
+            f"/v1/edge/pageview?key={BROWSER_KEY}", content=json.dumps(body),
+            headers={"Content-Type": "text/plain", **headers})
+        assert (response.status_code, response.json()["error"]) == (403, error), headers
+    own = await server.client.post(f"/v1/edge/pageview?key={BROWSER_KEY}", json={**body, "_eid": "own"},
+                                   headers={"Origin": "https://www.acme.com"})
+    assert own.status_code == 202, own.text
+    assert [row["eid"] for row in await outbox_dump(server.data_dir)] == ["own"]
+
+
+async def test_international_domains_match_the_punycode_browsers_send(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    key = "cs_live_idn000000000"
+    server = await start_server(nursery, tmp_path, {"keys": [
+        {"key": key, "clientId": "idn", "plan": "free",
+         "sites": [{"siteId": "web", "domains": ["münchen.de", "xn--bcher-kva.example"]}]}]})
+    for index, origin in enumerate(("https://xn--mnchen-3ya.de", "https://www.xn--mnchen-3ya.de",
+                                    "https://bücher.example", "https://shop.xn--bcher-kva.example")):
+        response = await server.client.post("/v1/events", json=pageview(f"i{index}"),
+                                            headers={"X-API-Key": key, "Origin": origin.encode()})  # UTF-8 on the wire
+        assert response.status_code == 202, (origin, response.text)
+    other = await post(server, key, "o", Origin="https://xn--mnchen-4ya.de")
+    assert other.json()["error"] == "domain_not_allowed"
 
 
 async def test_cors_preflight_and_exposed_headers(nursery: trio.Nursery, tmp_path: Path) -> None:

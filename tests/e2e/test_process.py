@@ -120,6 +120,12 @@ def test_cli_tenants_import_list_and_errors(tmp_path: Path) -> None:
     broken = tmp_path / "broken.json"
     broken.write_text('{"keys": [{"key": "cs_live_new0000000", "clientId": "n"}, ')
     assert run_cli("tenants", "import", str(broken), data_dir=data_dir, check=False).returncode == 2
+    unmatchable = tmp_path / "unmatchable.json"
+    unmatchable.write_text(json.dumps({"keys": [{"key": "cs_live_new0000000", "clientId": "n",
+                                                 "sites": [{"siteId": "w", "domains": ["https://n.com"]}]}]}))
+    result = run_cli("tenants", "import", str(unmatchable), data_dir=data_dir, check=False)
+    assert result.returncode == 2
+    assert "'https://n.com' is not a host name" in result.stderr and "$.keys[0].sites[0].domains[0]" in result.stderr
     listed_after = run_cli("tenants", "list", data_dir=data_dir).stdout
     assert "cs_live_new0000000" not in listed_after
 

@@ -1,0 +1,56 @@
+"""Host names as browsers put them on the wire: lower case, IDNA (punycode), no trailing dot.
+
+A registered domain is written by a person (`münchen.de`, `*.Acme.com.`); an
+Origin or Referer carries the host as the browser's URL parser encoded it
+(`xn--mnchen-3ya.de`). Both sides go through `ascii_host` before they meet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import ipaddress
+import re
+
+_LABELS = re.compile(r"[a-z0-9_](?:[a-z0-9_-]*[a-z0-9_])?(?:\.[a-z0-9_](?:[a-z0-9_-]*[a-z0-9_])?)*")
+
+
+@functools.lru_cache(maxsize=4096)
+def ascii_host(host: str) -> str:
+    """`host` lower-cased and IDNA-encoded; unchanged (but lower-cased) when it cannot be encoded."""
+    host = host.strip().rstrip(".").lower()
+    if host.isascii():
+        return host
+    try:
+        return host.encode("idna").decode("ascii")
+    except UnicodeError:
+        return host
+
+
+def utf8_header(value: str) -> str:
+    """A header value as sent. Headers arrive decoded as Latin-1: UTF-8 bytes are re-read as UTF-8."""
+    if not value.isascii():
+        with contextlib.suppress(UnicodeEncodeError, UnicodeDecodeError):
+            return value.encode("latin-1").decode("utf-8")
+    return value
+
+
+def normalize_domain(domain: str) -> str:
+    """A registered domain as it is matched: a leading `*.` adds nothing (spec 5.5 rule 2)."""
+    domain = domain.strip()
+    return ascii_host(domain[2:] if domain.startswith("*.") else domain)
+
+
+def domain_problem(domain: str) -> str | None:
+    """Why a registered domain could never match a browser's host, or None when it can."""
+    normalized = normalize_domain(domain)
+    if not normalized:
+        return "is empty"
+    if _LABELS.fullmatch(normalized):
+        return None
+    try:
+        ipaddress.ip_address(normalized.strip("[]"))
+        return None
+    except ValueError:
+        pass
+    return "is not a host name (write it without scheme, port or path, for example acme.com)"
