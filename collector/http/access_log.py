@@ -18,6 +18,7 @@ import msgspec
 import trio
 
 from collector.http.asgi import Request
+from collector.ingest.payment import text_has_card
 
 access = logging.getLogger("collector.access")
 
@@ -65,7 +66,8 @@ def log_request(
             "error": error_code,
             "clientId": client_id,
             "latencyMs": round((perf_now - started) * 1000, 3),
-            "requestId": request.request_id,
+            # A client-chosen id is written to disk here: never a card number (spec 4.1 rule 5).
+            "requestId": "[holds a payment card number]" if text_has_card(request.request_id) else request.request_id,
         }
     )
     if not _pending:

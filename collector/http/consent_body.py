@@ -38,8 +38,11 @@ _decoder = msgspec.json.Decoder(ConsentBody)
 _encoder = msgspec.json.Encoder()
 
 
-def consent_to_event(body: bytes, *, now_ms: int) -> bytes:
-    """The `_consent_transition` event body; raises ServiceError on a bad body."""
+def consent_to_event(body: bytes, *, now_ms: int) -> tuple[bytes, bytes]:
+    """The `_consent_transition` event body and its content identity (see edge_to_event).
+
+    Raises ServiceError on a bad body.
+    """
     request = decode_translated(_decoder, body, "consent body")
     timestamp = request.timestamp if request.timestamp is not None else now_ms
     consent = dict(request.consent)
@@ -52,4 +55,4 @@ def consent_to_event(body: bytes, *, now_ms: int) -> bytes:
         "timestamp": timestamp,
         "consent": consent,
     }
-    return _encoder.encode(event)
+    return _encoder.encode(event), _encoder.encode(request)

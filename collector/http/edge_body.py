@@ -53,8 +53,13 @@ def decode_translated(decoder: msgspec.json.Decoder[T], body: bytes, what: str) 
         raise ServiceError("invalid_json", "body is not valid JSON") from None
 
 
-def edge_to_event(body: bytes, *, user_agent: str | None, now_ms: int) -> tuple[bytes, str]:
-    """The pageview event body for an edge request and its page URL; ServiceError on a bad body."""
+def edge_to_event(body: bytes, *, user_agent: str | None, now_ms: int) -> tuple[bytes, str, bytes]:
+    """The pageview event body for an edge request, its page URL and its content identity.
+
+    The identity (the request re-encoded canonically) is what the idempotency
+    hash covers: the event itself holds defaults that differ on every retry
+    (the time of receipt). ServiceError on a bad body.
+    """
     edge = decode_translated(_decoder, body, "edge pageview")
     page: dict[str, Any] = {"url": edge.url, "path": urlsplit(edge.url).path or "/", "title": edge.title}
     if edge.referrer:
@@ -75,4 +80,4 @@ def edge_to_event(body: bytes, *, user_agent: str | None, now_ms: int) -> tuple[
         event["_eid"] = edge.eid
     if edge.consent is not None:
         event["consent"] = edge.consent
-    return _encoder.encode(event), edge.url
+    return _encoder.encode(event), edge.url, _encoder.encode(edge)

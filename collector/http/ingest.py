@@ -127,15 +127,16 @@ async def _ingest(
             path=route,  # a signature is bound to its route: "/v1/events" as spec 5.2 spells it
         )
     body = decompress_body(raw, hdr.get("content-encoding"), hdr.get("content-type"))
+    content_identity: bytes | None = None
     if route != "/v1/events":
         # The translations keep only known fields: scan the request as sent first.
         refuse_payment_data(body)
         if route == EDGE_ROUTE:
-            body, page_url = edge_to_event(body, user_agent=hdr.get("user-agent"), now_ms=now_ms)
+            body, page_url, content_identity = edge_to_event(body, user_agent=hdr.get("user-agent"), now_ms=now_ms)
             if site is None:
                 site = bind_page_site(record, page_url)
         else:
-            body = consent_to_event(body, now_ms=now_ms)
+            body, content_identity = consent_to_event(body, now_ms=now_ms)
     assert site is not None  # bound by the gate, or from the edge page above
     storage = services.storage
     client_id, site_id = record.clientId, site.siteId
@@ -158,6 +159,7 @@ async def _ingest(
         production=services.settings.production,
         now_ms=now_ms,
         idempotency_key=hdr.get("idempotency-key"),
+        content_identity=content_identity,
         strict_consent=site.strictConsent,
         sealer=services.sealer,
         identity_denial=identity_denial,

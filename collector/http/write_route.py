@@ -22,6 +22,7 @@ from collector.errors import RawErrorBody, ServiceError, render_error
 from collector.http.access_log import log_request
 from collector.http.asgi import ClientGone, Receive, Request, Scope, Send, read_body, send_response
 from collector.http.headers import cors_headers, preflight_headers
+from collector.ingest.payment import text_has_card
 from collector.limits.buckets import rate_headers, refusal
 from collector.limits.rates import bucket_id, scope_rate
 from collector.services import Services
@@ -59,6 +60,22 @@ def preflight_gate(services: Services, request: Request) -> None:
     record = services.keys.lookup(query_key)
     if record is not None:
         gate(record, request.headers.get("origin"), request.headers.get("referer"))
+
+
+def refuse_payment_headers(request: Request) -> None:
+    """Spec 4.1 rule 5 covers the whole request: the headers a write stores or logs are scanned too.
+
+    The Idempotency-Key becomes stored event ids (`<key>/<index>`), and
+    X-Request-ID goes to the access log.
+    """
+    for name in ("idempotency-key", "x-request-id"):
+        value = request.headers.get(name)
+        if value and text_has_card(value):
+            raise ServiceError(
+                "prohibited_payment_data",
+                f"payment-instrument material is not accepted (the {name} header holds a payment card"
+                " number); nothing was stored",
+            )
 
 
 RAW_BODY_LIMIT = 10 * 1024 * 1024  # spec 8.1
@@ -128,6 +145,8 @@ def make_write_handler(
                 return
             if request.method != method:
                 raise ServiceError("method_not_allowed", f"{route} accepts {method} only")
+            if method == "POST":
+                refuse_payment_headers(request)
             status, body = await work(services, request, receive, headers, seen)
         except ServiceError as error:
             status, body, error_code = error.status, render_error(error), error.code

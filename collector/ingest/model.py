@@ -34,6 +34,10 @@ class IngestContext(msgspec.Struct, frozen=True, kw_only=True):
     production: bool
     now_ms: int
     idempotency_key: str | None = None  # the header value, untrimmed
+    # A translated single-event route (edge pageview, consent): the request as
+    # the client sent it, canonically encoded. The idempotency hash covers it
+    # instead of the event, which holds server defaults (the time of receipt).
+    content_identity: bytes | None = None
     edge: bool = False  # body is a POST /v1/edge/pageview body, not an events body
     strict_consent: bool = False  # the bound property drops events without analytics consent
     sealer: FieldSealer | None = None  # seals form values and raw identity fields

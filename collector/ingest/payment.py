@@ -43,12 +43,11 @@ _IIN_TABLE: tuple[tuple[int, int, frozenset[int]], ...] = (
     (56, 69, frozenset(range(12, 20))),  # Maestro
 )
 
-# In the raw body a JSON escape such as \n before the digits is a boundary in
-# the decoded text, although its letter is not: accept it as one here.
-_CANDIDATE = re.compile(
-    rb"(?:(?<![0-9A-Za-z_.-])|(?<=\\[bfnrt]))\d(?:[ -]?\d){11,18}(?![0-9A-Za-z_])"
-)
-_CANDIDATE_TEXT = re.compile(r"(?<![0-9A-Za-z_.-])\d(?:[ -]?\d){11,18}(?![0-9A-Za-z_])")
+# Separators people and forms put inside a card number: a space, a dash, a
+# plus or %20 (a URL-encoded space), a no-break space; up to three in a row
+# ("4111 - 1111"). A dot is not one: "0.4111..." is a decimal fraction.
+_DIGIT_RUN = re.compile(r"[0-9](?:(?:[ +\-\u00a0]|%20){0,3}[0-9])*")
+_DIGIT_GROUP = re.compile(r"[0-9]+")
 _SEPARATORS = re.compile(r"[\s_\-.]")
 CARD_FIELD_NAMES = frozenset(
     {
@@ -64,20 +63,23 @@ CARD_FIELD_NAMES = frozenset(
 _KEY_VERDICTS: dict[str, bool] = {}
 _KEY_VERDICTS_MAX = 4096
 _KEY_VERDICT_MAX_LEN = 64
-# A \u escape the raw scan cannot see through: one of a digit, space or dash,
-# or any escape right before a digit (it may decode to a boundary character).
-_HIDING_ESCAPE = re.compile(rb"\\u00(?:3[0-9]|2[0dD])|\\u[0-9a-fA-F]{4}(?=[0-9])")
+# A \u escape the raw scan cannot see through: one of a digit, a separator,
+# "%" or ".", or any escape right before a digit or a decimal point (it may
+# decode to a boundary, and its last hex digit looks like a digit).
+_HIDING_ESCAPE = re.compile(rb"\\u00(?:3[0-9]|2[05bBdDeE]|[aA]0)|\\u[0-9a-fA-F]{4}(?=\.?[0-9])")
+_RAW_ESCAPE = re.compile(rb"\\(?:u[0-9a-fA-F]{4}|.)")
 
 
-# Digits, spaces and dashes become "0", everything else "x": runs of twelve
-# "0"s are then found by substring search at C speed, and the (slower) card
-# regex only runs on the few short regions around such runs.
-_RUN_TABLE = bytes(48 if chr(b) in "0123456789 -" else 120 for b in range(256))
+# Digits and separator bytes (those of %20 and of a UTF-8 no-break space
+# included) become "0", everything else "x": runs of twelve "0"s are then
+# found by substring search at C speed, and the (slower) card check only runs
+# on the few short regions around such runs.
+_RUN_TABLE = bytes(48 if chr(b) in "0123456789 -+%" or b in (0xC2, 0xA0) else 120 for b in range(256))
 _RUN = b"0" * 12
 _NO_ISSUER = frozenset(b"01789")
 
 
-def _raw_candidates(raw: bytes) -> Iterator[str]:
+def _raw_has_card(raw: bytes) -> bool:
     # Each maximal run of twelve or more "0"s, found by substring search (a
     # regex over the whole body costs ~10x more); a run ends at the next "x".
     mapped = raw.translate(_RUN_TABLE)
@@ -86,18 +88,20 @@ def _raw_candidates(raw: bytes) -> Iterator[str]:
         end = mapped.find(b"x", start)
         if end == -1:
             end = len(mapped)
-        run = raw[start:end].strip(b" -")
-        # Bare digits (inside the separators around the run) can only match
-        # from their first digit, and one that no issuer uses (every
-        # millisecond timestamp starts with 1) never makes a card.
-        if not run or (run[0] in _NO_ISSUER and run.isdigit()):
-            start = mapped.find(_RUN, end)
-            continue
-        # Two bytes of context on the left: the lookbehind may need "\\n".
-        region = raw[max(0, start - 2) : end + 1]
-        for match in _CANDIDATE.finditer(region):
-            yield match.group().decode()
+        run = raw[start:end].strip(b" -+%")
+        # Bare digits can only be one card from their first digit to their
+        # last, and one that no issuer uses (every millisecond timestamp
+        # starts with 1) or of the wrong length never is.
+        if run and not (run.isdigit() and (run[0] in _NO_ISSUER or not 12 <= len(run) <= 19)):
+            # Context each side: a whole escape (\n, or \u0019 whose hex
+            # digits the run may have taken in) and a decimal point. Escapes
+            # and non-ASCII bytes become U+FFFD, which may stand for a letter
+            # or not: both readings are checked, a superset of text_has_card.
+            window = raw[max(0, start - 6) : end + 2].replace(b"\xc2\xa0", b" ")
+            if _has_card(_RAW_ESCAPE.sub(b"\xff", window).decode("ascii", "replace"), unsure="\ufffd"):
+                return True
         start = mapped.find(_RUN, end)
+    return False
 
 
 def luhn_valid(digits: str) -> bool:
@@ -163,7 +167,66 @@ def _object_keys(value: Any) -> set[str]:
 
 
 def text_has_card(text: str) -> bool:
-    return any(looks_like_card(m.group()) for m in _CANDIDATE_TEXT.finditer(text))
+    """True when `text` holds a card number: see the module docstring for what counts."""
+    return _has_card(text, unsure="")
+
+
+def _has_card(text: str, *, unsure: str) -> bool:
+    """text_has_card, where a character in `unsure` may stand for anything (see _raw_has_card)."""
+    for match in _DIGIT_RUN.finditer(text):
+        groups = _DIGIT_GROUP.findall(match.group().replace("%20", " "))
+        if sum(map(len, groups)) < 12:
+            continue
+        # A group glued to a letter or digit, or a decimal fraction, belongs to
+        # a longer token; the other groups of the run may still form a card.
+        before = _glued_before(text, match.start(), unsure)
+        if _glued_after(text, match.end(), unsure):
+            groups = groups[:-1]
+        if before is not True and _groups_hold_card(groups):
+            return True
+        if before is not False and _groups_hold_card(groups[1:]):
+            return True
+    return False
+
+
+def _glued_before(text: str, start: int, unsure: str) -> bool | None:
+    """Whether the run's first group is glued to what precedes it; None when unsure."""
+    if start == 0:
+        return False
+    char = text[start - 1]
+    if char in unsure:
+        return None
+    if char.isalnum():
+        return not (char == "B" and text[start - 2 : start] == "%B")  # magnetic track 1: %B<PAN>^
+    if char != "." or start < 2:
+        return False
+    return None if text[start - 2] in unsure else text[start - 2].isdigit()
+
+
+def _glued_after(text: str, end: int, unsure: str) -> bool:
+    """Whether the run's last group is glued to what follows (unsure: not, which checks more)."""
+    if end == len(text) or text[end] in unsure:
+        return False
+    char = text[end]
+    if char.isalnum():
+        return True
+    return char == "." and end + 1 < len(text) and text[end + 1].isdigit()
+
+
+def _groups_hold_card(groups: list[str]) -> bool:
+    """Whether the first digit groups join into a card number ("4111 1111 1111 1111 2026").
+
+    Only from the first group: a card starts where its run does, and a window
+    anywhere in a long digit run would match some 12-digit Maestro number.
+    """
+    digits = ""
+    for group in groups:
+        digits += group
+        if len(digits) > 19:
+            return False
+        if len(digits) >= 12 and looks_like_card(digits):
+            return True
+    return False
 
 
 def _walk(value: Any) -> Iterator[tuple[str | None, Any]]:
@@ -192,7 +255,7 @@ def find_payment_data(raw: bytes, decoded: Any) -> str | None:
 
 def has_card_candidate(raw: bytes) -> bool:
     """True when the raw body may hold a card number (False means it certainly does not)."""
-    return any(looks_like_card(c) for c in _raw_candidates(raw)) or _HIDING_ESCAPE.search(raw) is not None
+    return _raw_has_card(raw) or _HIDING_ESCAPE.search(raw) is not None
 
 
 def has_card_key(keys: Iterable[str]) -> bool:

@@ -300,7 +300,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
             continue
         # The idempotency hash covers the event as the client sent it.
         client_json = _encoder.encode(event)
-        content_hash = xxhash.xxh3_128_digest(client_json)
+        content_hash = xxhash.xxh3_128_digest(ctx.content_identity or client_json)
         if isinstance(to_store, Form | Identify):
             to_store = seal_sensitive(to_store, ctx.sealer, ctx.client_id, eid)
         client_ts = None

@@ -98,6 +98,11 @@ async def test_consent_route_records_and_denies_identity(nursery: trio.Nursery, 
     assert response.headers["X-Service-Monthly-Used"] == "0"  # consent counts toward nothing
     again = await server.client.post("/v1/consent", json=decision, headers=ACME)
     assert again.json()["duplicates"] == 1
+    # With an _eid and no timestamp (the time of receipt), an exact retry is a duplicate too.
+    undated = {"_eid": "c-undated", "visitorId": "v9", "consent": {"analytics": True}}
+    assert (await server.client.post("/v1/consent", json=undated, headers=ACME)).json()["accepted"] == 1
+    await trio.sleep(0.01)
+    assert (await server.client.post("/v1/consent", json=undated, headers=ACME)).json()["duplicates"] == 1
     # The recorded denial keeps identity values out, even when the event says nothing.
     response = await server.client.post("/v1/events", json=identify("id-1"), headers=ACME)
     body = response.json()

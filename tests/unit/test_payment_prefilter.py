@@ -47,7 +47,7 @@ def encodings(value: object) -> list[bytes]:
 CARD_PARTS = st.sampled_from(
     ["4111", "1111", " ", "-", "\n", "\t", "\u00a0", "\"", "5555555555554444", "378282246310005",
      "4111 1111 1111 1111", "a", "_", ".", "1795000000000", "0", "9", "\u0663", "card", "CVV", "cc-exp",
-     "Card_Number", "\u2003", "x"]
+     "Card_Number", "\u2003", "x", "+", "%20", "%B", "^", "\u00e9", "\u20aa", "\\", "2024"]
 )  # fmt: skip
 TEXTS = st.one_of(st.text(max_size=40), st.lists(CARD_PARTS, max_size=10).map("".join))
 
