@@ -104,7 +104,8 @@ def billing_block(policy: UsagePolicy, usage: UsageSnapshot) -> dict[str, object
 def refusal_body(refusal: UsageRefusal) -> dict[str, object]:
     return {
         "reason": refusal.reason,
-        "upgradeRequired": refusal.upgrade_required,
+        # Spec 7.2 "upgradeRequired (paid)": the plan that lifts the stop, null when none does.
+        "upgradeRequired": "paid" if refusal.upgrade_required else None,
         "billingPeriod": refusal.period,
         "used": refusal.used,
         "included": refusal.included,

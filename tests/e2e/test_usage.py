@@ -63,7 +63,7 @@ async def test_free_account_runs_out_and_is_refused_whole(nursery: trio.Nursery,
         "error": "usage_limit_exceeded",
         "message": body["message"],
         "reason": "included_limit_reached",
-        "upgradeRequired": True,
+        "upgradeRequired": "paid",
         "billingPeriod": period,
         "used": 5000,
         "included": 5000,
@@ -116,7 +116,7 @@ async def test_paid_overage_meters_until_the_ceiling(nursery: trio.Nursery, tmp_
     stop = await send(server, PAID, [pageview("p11")])
     assert stop.status_code == 429
     assert stop.json()["reason"] == "safety_ceiling_reached"
-    assert stop.json()["upgradeRequired"] is False
+    assert stop.json()["upgradeRequired"] is None
     period = stop.json()["billingPeriod"]
     invoice = [json.loads(line) for line in run_cli("usage", "invoice", "--period", period, data_dir=server.data_dir).stdout.splitlines()]
     pageview_line = next(line for line in invoice if line.get("unit") == "pageview")

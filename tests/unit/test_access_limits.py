@@ -152,6 +152,11 @@ def test_site_scope() -> None:
         ({"plan": "paid", "rateLimit": 1}, "ingest", Plan.PAID, 1),
         ({"plan": "paid", "rateLimit": 5000}, "signals-read", Plan.FREE, 10),
         ({"plan": "free", "rateLimit": 5000}, "signals-read", Plan.PAID, 100 * 50),
+        # mobile and server: the lower of half the package rate (floor 50) and the scope rate
+        ({"plan": "free", "keyType": "mobile", "rateLimit": 5000}, "signals-read", Plan.FREE, 10),
+        ({"plan": "free", "keyType": "server", "rateLimit": 5000}, "signals-read", Plan.FREE, 10),
+        ({"plan": "paid", "keyType": "mobile", "rateLimit": 10_000}, "signals-read", Plan.PAID, 2_500),
+        ({"plan": "paid", "keyType": "mobile", "rateLimit": 10_000}, "signals-read", Plan.FREE, 10),
     ],
 )
 def test_scope_rates(fields: dict[str, object], scope: str, site_plan: Plan, rate: float) -> None:
