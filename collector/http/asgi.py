@@ -20,6 +20,14 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 JSON_CONTENT_TYPE = (b"content-type", b"application/json")
 
 
+def request_id_for(supplied: str) -> str:
+    """The X-Request-ID of a response: the client's (up to 200 characters), else a minted one."""
+    # A minted id only needs to be unique, not secret: os.urandom releases
+    # the GIL on every call, which costs a GIL hand-off while the writer
+    # thread runs. (random is reseeded in forked workers.)
+    return supplied[:200] if supplied else f"{random.getrandbits(96):024x}"
+
+
 class Request:
     """The parts of an ASGI HTTP scope the handlers read, decoded once."""
 
@@ -37,11 +45,7 @@ class Request:
             headers[key] = f"{headers[key]}, {text}" if key in headers else text
         self.headers = headers
         self._query: dict[str, str] | None = None
-        supplied = headers.get("x-request-id", "")
-        # A minted id only needs to be unique, not secret: os.urandom releases
-        # the GIL on every call, which costs a GIL hand-off while the writer
-        # thread runs. (random is reseeded in forked workers.)
-        self.request_id = supplied[:200] if supplied else f"{random.getrandbits(96):024x}"
+        self.request_id = request_id_for(headers.get("x-request-id", ""))
         client = scope.get("client")
         self.client_ip: str | None = client[0] if client else None
 

@@ -4,14 +4,37 @@ from __future__ import annotations
 
 import os
 
-from quart import Response
+import msgspec
+from quart import Response, request
 from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
 
+from collector.http.asgi import request_id_for
 from collector.services import Services
 from storage.errors import StorageError
 
+_encoder = msgspec.json.Encoder()
+_ERROR_CODES = {404: "not_found", 405: "method_not_allowed"}
+
 
 def register_ops_routes(app: QuartTrio, services: Services) -> None:
+    @app.after_request
+    async def add_request_id(response: Response) -> Response:
+        # Spec 5.6: every response carries X-Request-ID, these routes' too.
+        response.headers["X-Request-ID"] = request_id_for(request.headers.get("X-Request-ID", ""))
+        return response
+
+    @app.errorhandler(HTTPException)
+    async def http_error(error: HTTPException) -> Response:
+        # The spec's error body (2.7) instead of the framework's HTML page.
+        code = _ERROR_CODES.get(error.code or 500, "bad_request")
+        method = request.method
+        body = _encoder.encode({"error": code, "message": f"{method} {request.path}: {error.name.lower()}"})
+        response = Response(body, status=error.code or 500, content_type="application/json")
+        if error.code == 405:
+            response.headers["Allow"] = "GET, HEAD"
+        return response
+
     # which worker process answered (`serve --workers N`): index and pid
     health = (
         f'{{"status":"ok","worker":{services.worker_index},"pid":{os.getpid()}}}'.encode()

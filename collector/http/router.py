@@ -20,6 +20,9 @@ Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 QUART_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 # Route prefixes Quart serves once the realtime routes exist.
 QUART_PREFIXES: tuple[str, ...] = ()
+# Tenant-wide WebSocket-only routes (spec 4.2): plain HTTP gets 426 upgrade_required.
+# (/v1/signals/:visitorId/stream is refused the same way by the signals handler.)
+WEBSOCKET_ONLY = frozenset({"/live/ws", "/signals/stream"})
 
 
 class Router:
@@ -46,13 +49,48 @@ class Router:
             if handler is not None:
                 await handler(scope, receive, send)
                 return
+            if path in WEBSOCKET_ONLY:
+                await self._refuse(scope, send, ServiceError(
+                    "upgrade_required", f"{path} is a WebSocket route: open it with a WebSocket upgrade"))
+                return
             if path not in QUART_PATHS and not path.startswith(QUART_PREFIXES):
                 await self._not_found(scope, send)
                 return
+        elif kind == "websocket" and not scope["path"].startswith(QUART_PREFIXES):
+            await self._refuse_websocket(scope, receive, send)
+            return
         await self.quart(scope, receive, send)  # type: ignore[arg-type]
 
     async def _not_found(self, scope: Scope, send: Send) -> None:
         request = Request(scope)
-        error = ServiceError("not_found", f"no route for {request.method} {request.path}")
-        self.services.metrics.count_request("unmatched", 404)
-        await send_response(send, 404, render_error(error), [("X-Request-ID", request.request_id)])
+        await self._refuse(scope, send, ServiceError("not_found", f"no route for {request.method} {request.path}"))
+
+    async def _refuse(self, scope: Scope, send: Send, error: ServiceError) -> None:
+        request = Request(scope)
+        self.services.metrics.count_request("unmatched", error.status)
+        await send_response(send, error.status, render_error(error), [("X-Request-ID", request.request_id)])
+
+    async def _refuse_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """No WebSocket route is served yet: refuse the handshake in the spec's error format.
+
+        With the ASGI denial-response extension (hypercorn has it) the client
+        gets a 404 with the usual JSON body and X-Request-ID; otherwise the
+        handshake is closed, which the server turns into a bare 403.
+        """
+        message = await receive()
+        if message["type"] != "websocket.connect":
+            return
+        request = Request({**scope, "method": "GET"})
+        error = ServiceError("not_found", f"no WebSocket route is served at {request.path} yet")
+        self.services.metrics.count_request("unmatched", error.status)
+        if "websocket.http.response" not in scope.get("extensions", {}):
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        body = render_error(error)
+        await send({
+            "type": "websocket.http.response.start",
+            "status": error.status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                        (b"x-request-id", request.request_id.encode("latin-1"))],
+        })
+        await send({"type": "websocket.http.response.body", "body": body})

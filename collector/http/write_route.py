@@ -144,12 +144,16 @@ def make_write_handler(
                 services.metrics.count_request(route, 204)
                 return
             if request.method != method:
-                raise ServiceError("method_not_allowed", f"{route} accepts {method} only")
+                raise ServiceError(
+                    "method_not_allowed", f"{route} accepts {method} only", headers={"Allow": f"{method}, OPTIONS"}
+                )
             if method == "POST":
                 refuse_payment_headers(request)
             status, body = await work(services, request, receive, headers, seen)
         except ServiceError as error:
             status, body, error_code = error.status, render_error(error), error.code
+            if request.method == "OPTIONS":  # a refused preflight allows nothing cross-origin
+                headers = [("X-Request-ID", request.request_id)]
             headers.extend(error.response_headers().items())
         except RawErrorBody as raw:
             status, body, error_code = raw.status, _encoder.encode(raw.body), "content_type"

@@ -320,6 +320,42 @@ async def test_unknown_routes_and_methods_use_the_error_format(server: RunningSe
         assert response.status_code == 404 and response.json()["error"] == "not_found"
     response = await server.client.get("/v1/events")
     assert response.status_code == 405 and response.json()["error"] == "method_not_allowed"
+    assert response.headers["Allow"] == "POST, OPTIONS"
+    for path in ("/live/ws", "/signals/stream"):  # WebSocket-only routes over plain HTTP
+        response = await server.client.get(path)
+        assert response.status_code == 426 and response.json()["error"] == "upgrade_required"
+        assert response.headers["X-Request-ID"]
+
+
+async def test_operational_routes_answer_like_the_others(server: RunningServer) -> None:
+    for path in ("/healthz", "/readyz", "/metrics"):
+        response = await server.client.get(path, headers={"X-Request-ID": "ops-1"})
+        assert response.status_code == 200 and response.headers["X-Request-ID"] == "ops-1", path
+        refused = await server.client.post(path)
+        assert refused.status_code == 405 and refused.json()["error"] == "method_not_allowed", path
+        assert refused.headers["Allow"] and refused.headers["X-Request-ID"]
+
+
+async def test_a_websocket_handshake_is_refused_in_the_error_format(server: RunningServer) -> None:
+    host, port = server.base_url.removeprefix("http://").split(":")
+    for path in ("/v1/signals/v1/stream?sessionId=s1", "/live/ws", "/healthz"):
+        stream = await trio.open_tcp_stream(host, int(port))
+        async with stream:
+            await stream.send_all(
+                f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                "X-Request-ID: ws-1\r\n\r\n".encode())
+            raw = b""
+            with trio.fail_after(5):
+                while b"}" not in raw:
+                    chunk = await stream.receive_some()
+                    if not chunk:
+                        break
+                    raw += chunk
+        head, _, body = raw.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 404"), raw
+        assert b"x-request-id: ws-1" in head.lower()
+        assert json.loads(body)["error"] == "not_found"
 
 
 async def test_responses_do_not_advertise_the_server_stack(server: RunningServer) -> None:

@@ -409,10 +409,10 @@ async def test_coverage_headers_and_rate_headers(nursery: trio.Nursery, tmp_path
     assert "Access-Control-Allow-Origin" not in bare.headers
     assert bare.headers["X-Service-Signals-Coverage-Used"] == "1"
     assert bare.headers["X-RateLimit-Limit"] == "60000"  # Pro rate clamped by rateLimit 1000
-    # a mobile key: half the package rate, floor 50
+    # a free mobile key: the lower of its cap (half the package rate, floor 50) and Explore's 10 reads/s
     mobile = await read(server, "v1", key=MOBILE)
     assert mobile.status_code == 200, mobile.text
-    assert mobile.headers["X-RateLimit-Limit"] == "3000"
+    assert mobile.headers["X-RateLimit-Limit"] == "600"
 
 
 async def test_each_read_with_a_session_uses_one_unit(nursery: trio.Nursery, tmp_path: Path) -> None:
