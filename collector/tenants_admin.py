@@ -25,10 +25,27 @@ class KeyAdminError(ValueError):
 
 
 def import_tenants(storage: Storage, data: bytes) -> list[KeyRecord]:
-    """Validate the whole file first, then upsert every key in one transaction."""
+    """Validate the whole file first, then upsert every key in one transaction.
+
+    A revoked key stays revoked: `serve --tenants FILE` re-imports the file on
+    every start, and a rotation or revocation must survive that (spec 5.6:
+    rotation is the only remedy for a leaked key).
+    """
     records = parse_tenants_file(data)
-    key_store.put_keys(storage, [(r.key, encode_record(r)) for r in records])
+    key_store.put_keys(storage, [(r.key, encode_record(r)) for r in records], merge=_keep_revocation)
     return records
+
+
+def _keep_revocation(stored: bytes | None, new: bytes) -> bytes:
+    if stored is None:
+        return new
+    old = decode_record(stored)
+    if not old.revokedAt:
+        return new
+    record = decode_record(new)
+    return encode_record(msgspec.structs.replace(
+        record, revokedAt=old.revokedAt, replacedBy=record.replacedBy or old.replacedBy
+    ))
 
 
 def list_records(storage: Storage) -> list[KeyRecord]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import lmdb
 
@@ -22,17 +22,24 @@ def iter_keys(storage: Storage) -> Iterator[tuple[str, bytes]]:
     yield from rows
 
 
-def put_keys(storage: Storage, records: Iterable[tuple[str, bytes]]) -> None:
+# (the stored record or None, the new one) -> what to store, decided inside the transaction
+Merge = Callable[[bytes | None, bytes], bytes]
+
+
+def put_keys(storage: Storage, records: Iterable[tuple[str, bytes]], merge: Merge | None = None) -> None:
     """Upsert many key records in one durable transaction: all or nothing."""
     with mapped_lmdb_errors():
-        _write_with_growth(storage, list(records))
+        _write_with_growth(storage, list(records), merge)
 
 
-def _write_with_growth(storage: Storage, rows: list[tuple[str, bytes]]) -> None:
+def _write_with_growth(storage: Storage, rows: list[tuple[str, bytes]], merge: Merge | None) -> None:
     while True:
         try:
             with storage.env.begin(write=True) as txn:
                 for key, value in rows:
+                    if merge is not None:
+                        stored = txn.get(key.encode(), db=storage.dbs.keys)
+                        value = merge(bytes(stored) if stored is not None else None, value)
                     txn.put(key.encode(), value, db=storage.dbs.keys)
             return
         except lmdb.MapFullError:

@@ -143,6 +143,12 @@ def test_cli_key_rotation(tmp_path: Path) -> None:
     assert website.returncode == 2 and "support" in website.stderr
     unknown = run_cli("keys", "revoke", "cs_live_unknown000", data_dir=data_dir, check=False)
     assert unknown.returncode == 2
+    # `serve --tenants FILE` re-imports the file on every start: that must not undo a revocation.
+    run_cli("keys", "revoke", BROWSER_KEY, data_dir=data_dir)
+    run_cli("tenants", "import", str(tmp_path / "t.json"), data_dir=data_dir)
+    listed = {r["key"]: r for r in map(json.loads, run_cli("tenants", "list", data_dir=data_dir).stdout.splitlines())}
+    assert listed["cs_mob_live_acme000000"]["revokedAt"] and listed["cs_mob_live_acme000000"]["replacedBy"] == new_key
+    assert listed[BROWSER_KEY]["revokedAt"]
 
 
 def test_sigterm_with_requests_in_flight(tmp_path: Path) -> None:
