@@ -108,6 +108,14 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stream_token_mint(args: argparse.Namespace) -> int:
+    from collector.tenants_admin import mint_stream_token
+
+    with _storage(args) as storage:
+        print(mint_stream_token(storage, args.key, ttl_s=args.ttl))
+    return 0
+
+
 def cmd_outbox_dump(args: argparse.Namespace) -> int:
     from storage.outbox import iter_outbox
 
@@ -293,6 +301,15 @@ def build_parser() -> argparse.ArgumentParser:
     k_revoke.add_argument("key")
     _data_dir_option(k_revoke)
     k_revoke.set_defaults(func=cmd_keys_revoke)
+
+    tokens = commands.add_parser("stream-token", help="stream tokens for the tenant-wide WebSockets").add_subparsers(
+        dest="sub", required=True
+    )
+    s_mint = tokens.add_parser("mint", help="mint a csst_ token for KEY's tenant (stands in for a dashboard session)")
+    s_mint.add_argument("--key", required=True, help="the API key whose tenant and scopes the token carries")
+    s_mint.add_argument("--ttl", type=int, default=300, help="seconds the token is valid (1 to 86400; default 300)")
+    _data_dir_option(s_mint)
+    s_mint.set_defaults(func=cmd_stream_token_mint)
 
     k_field = keys.add_parser("rotate-field-key", help="add a field-encryption key and make it active")
     _data_dir_option(k_field)

@@ -1,12 +1,14 @@
-"""Operator actions on keys: import a tenants file, list, rotate, revoke (spec 5.6)."""
+"""Operator actions on keys: import a tenants file, list, rotate, revoke (spec 5.6), mint stream tokens (5.4)."""
 
 from __future__ import annotations
 
 import secrets
+import time
 from datetime import UTC, datetime
 
 import msgspec
 
+from collector.access import stream_tokens
 from collector.access.tenants import (
     KeyRecord,
     KeyType,
@@ -16,6 +18,7 @@ from collector.access.tenants import (
 )
 from storage import keys as key_store
 from storage.env import Storage
+from storage.stream_secret import stream_token_secret
 
 _PREFIX = {KeyType.MOBILE: "cs_mob_live_", KeyType.SERVER: "cs_srv_live_"}
 
@@ -80,6 +83,21 @@ def rotate_key(storage: Storage, key: str) -> str:
     revoked = msgspec.structs.replace(record, revokedAt=now, replacedBy=new_key)
     key_store.put_keys(storage, [(new_key, encode_record(replacement)), (key, encode_record(revoked))])
     return new_key
+
+
+def mint_stream_token(storage: Storage, key: str, *, ttl_s: int) -> str:
+    """A stream token for the tenant of a live key (spec 5.4); the operator stands in for the dashboard."""
+    if not 1 <= ttl_s <= stream_tokens.MAX_TTL_S:
+        raise KeyAdminError(f"--ttl must be 1 to {stream_tokens.MAX_TTL_S} seconds")
+    record = _load(storage, key)
+    if record.revokedAt:
+        raise KeyAdminError("the key is revoked")
+    if record.suspended:
+        raise KeyAdminError("the account is suspended")
+    return stream_tokens.mint(
+        stream_token_secret(storage), client_id=record.clientId, api_key=record.key, now_s=int(time.time()),
+        ttl_s=ttl_s,
+    )
 
 
 def revoke_key(storage: Storage, key: str) -> None:

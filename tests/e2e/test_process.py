@@ -151,6 +151,30 @@ def test_cli_key_rotation(tmp_path: Path) -> None:
     assert listed[BROWSER_KEY]["revokedAt"]
 
 
+def test_cli_stream_token_mint(tmp_path: Path) -> None:
+    from collector.access.stream_tokens import key_fingerprint, verify
+    from storage.env import Storage
+    from storage.stream_secret import stream_token_secret
+
+    data_dir = tmp_path / "data"
+    run_cli("tenants", "import", str(write_tenants(tmp_path / "t.json")), data_dir=data_dir)
+    token = run_cli("stream-token", "mint", "--key", BROWSER_KEY, "--ttl", "60", data_dir=data_dir).stdout.strip()
+    assert token.startswith("csst_")
+    storage = Storage(data_dir)
+    try:
+        claims = verify(stream_token_secret(storage), token, now_s=int(time.time()))
+    finally:
+        storage.close()
+    assert claims.clientId == "acme" and claims.keyFingerprint == key_fingerprint(BROWSER_KEY)
+    assert 55 <= claims.expiresAt - time.time() <= 60
+    for argv in (["--key", "cs_live_unknown000"], ["--key", BROWSER_KEY, "--ttl", "0"]):
+        refused = run_cli("stream-token", "mint", *argv, data_dir=data_dir, check=False)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    run_cli("keys", "revoke", BROWSER_KEY, data_dir=data_dir)
+    revoked = run_cli("stream-token", "mint", "--key", BROWSER_KEY, data_dir=data_dir, check=False)
+    assert revoked.returncode == 2 and "revoked" in revoked.stderr
+
+
 def test_sigterm_with_requests_in_flight(tmp_path: Path) -> None:
     # The paid tenant's 25,000-pageview allowance outlasts a second of load on
     # any machine; the free one's 5,000 does not on a fast one (a 429 would end
