@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import msgspec
 
@@ -41,11 +43,25 @@ def _settings_from(args: argparse.Namespace) -> Settings:
 
 
 @contextlib.contextmanager
-def _storage(args: argparse.Namespace) -> Iterator[Storage]:
-    """The data directory of the command's settings, closed afterwards."""
+def _storage(args: argparse.Namespace, *, create: bool = False) -> Iterator[Storage]:
+    """The data directory of the command's settings, closed afterwards.
+
+    Only a command that fills a directory (`tenants import`) creates a missing
+    one: for the others a mistyped --data-dir would look like an empty store.
+    A path that cannot be opened as one is bad input (exit 2).
+    """
     from collector.app import open_storage
 
-    storage = open_storage(_settings_from(args))
+    settings = _settings_from(args)
+    path = Path(settings.data_dir)
+    if not create and not path.is_dir():
+        raise UsageError(f"no data directory at {path} (a wrong --data-dir or COLLECTOR_DATA_DIR?)")
+    try:
+        storage = open_storage(settings)
+    except OSError as exc:
+        raise UsageError(f"cannot open the data directory {path}: {exc.strerror or exc}") from None
+    except StorageError as exc:
+        raise UsageError(f"cannot open the data directory {path}: {exc}") from None
     try:
         yield storage
     finally:
@@ -60,14 +76,46 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from collector.runtime import tune_gc
 
     settings = _settings_from(args)
+    if settings.tenants:  # refused before anything opens or logs (it is read again when serving)
+        from collector.access.tenants import parse_tenants_file
+
+        try:
+            parse_tenants_file(Path(settings.tenants).read_bytes())
+        except OSError as exc:
+            raise UsageError(f"cannot read the tenants file {settings.tenants}: {exc.strerror}") from None
     configure_logging()
     tune_gc()  # after the imports above: they are start-up objects, never scanned again
-    if settings.workers > 1:
-        from collector.workers import run_supervisor
+    try:
+        if settings.workers > 1:
+            from collector.workers import run_supervisor
 
-        return run_supervisor(settings)
-    trio.run(serve, settings)
+            return run_supervisor(settings)
+        from collector.workers import bind_listener
+
+        # Before storage opens and logs: a port in use is then one line. (The
+        # probe closes at once; hypercorn binds the port itself.)
+        if settings.host_port[1]:
+            bind_listener(settings).close()
+        trio.run(serve, settings)
+    except OSError as exc:
+        _refuse_listen_error(settings, exc)
+        raise
+    except BaseExceptionGroup as group:
+        _refuse_listen_error(settings, group)
+        raise
     return 0
+
+
+_LISTEN_ERRNOS = frozenset({errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL})
+
+
+def _refuse_listen_error(settings: Settings, error: BaseException) -> None:
+    """A listening socket that cannot be had (port in use, not allowed): one line, exit 2."""
+    found = error
+    while isinstance(found, BaseExceptionGroup) and len(found.exceptions) == 1:
+        found = found.exceptions[0]
+    if isinstance(found, OSError) and found.errno in _LISTEN_ERRNOS:
+        raise UsageError(f"cannot listen on {settings.bind}: {found.strerror}") from None
 
 
 def cmd_tenants_import(args: argparse.Namespace) -> int:
@@ -77,7 +125,7 @@ def cmd_tenants_import(args: argparse.Namespace) -> int:
         data = Path(args.file).read_bytes()
     except OSError as exc:
         raise UsageError(f"cannot read {args.file}: {exc.strerror}") from None
-    with _storage(args) as storage:
+    with _storage(args, create=True) as storage:
         for record in import_tenants(storage, data):
             print(f"imported {record.key} clientId={record.clientId} keyType={record.key_type}")
     return 0
@@ -204,6 +252,12 @@ def cmd_replay_dump(args: argparse.Namespace) -> int:
 _PERIOD = r"^\d{4}-(0[1-9]|1[0-2])$"
 
 
+def _sequence(value: str) -> int:
+    if not value.isdigit() or int(value) >= 2**64:
+        raise argparse.ArgumentTypeError(f"expected an outbox sequence number (0 or more), got {value!r}")
+    return int(value)
+
+
 def _period(value: str) -> str:
     import re
 
@@ -267,9 +321,16 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the contract's error shape: one line on stderr, exit 2 (not the usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"collector: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="collector", description="Self-hosted event collector")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="collector", description="Self-hosted event collector")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     serve = commands.add_parser("serve", help="serve HTTP and WebSocket")
     _data_dir_option(serve)
@@ -337,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     outbox = commands.add_parser("outbox", help="the committed events").add_subparsers(dest="sub", required=True)
     o_dump = outbox.add_parser("dump", help="every committed event, one JSON object per line")
-    o_dump.add_argument("--after", type=int, default=0, help="only sequence numbers above this")
+    o_dump.add_argument("--after", type=_sequence, default=0, help="only sequence numbers above this")
     _data_dir_option(o_dump)
     o_dump.set_defaults(func=cmd_outbox_dump)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import ipaddress
 import os
+import socket
 import tomllib
 from collections.abc import Mapping
 from typing import Annotated, Any
@@ -107,9 +108,28 @@ def load_settings(
     merged.update({k: v for k, v in flags.items() if v is not None and v != []})
     try:
         # strict=False lets environment strings become numbers and booleans
-        return msgspec.convert(merged, Settings, strict=False)
+        settings = msgspec.convert(merged, Settings, strict=False)
     except msgspec.ValidationError as exc:
         raise SettingsError(f"invalid setting: {exc}") from None
+    _check_bind(settings.bind)
+    return settings
+
+
+def _check_bind(bind: str) -> None:
+    """HOST:PORT with a port of 0 to 65535 (0: any free port) and a host that resolves."""
+    if bind.startswith("fd://"):  # a worker process handed its parent's socket
+        return
+    host, colon, port = bind.rpartition(":")
+    if not colon or not host or not port.isdigit() or int(port) > 65535:
+        raise SettingsError(f"invalid setting: bind must be HOST:PORT with a port of 0 to 65535, got {bind!r}")
+    host = host.strip("[]")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        try:
+            socket.getaddrinfo(host, None)
+        except (OSError, UnicodeError):
+            raise SettingsError(f"invalid setting: bind host {host!r} does not resolve") from None
 
 
 def load_cidrs(path: str) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -218,3 +219,37 @@ def test_crashloop_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     report = crashloop(20, tmp_path)
     assert report["acknowledged"] > 1000
     assert (report["lost"], report["duplicated"]) == (0, 0), report
+
+
+def test_bad_operator_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "data.mdb").write_bytes(os.urandom(100_000))
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    cases = [
+        (["serve", "--bind", "nohost.invalid:8080"], "does not resolve"),
+        (["serve", "--bind", "127.0.0.1:99999"], "HOST:PORT"),
+        (["serve", "--bind", "127.0.0.1"], "HOST:PORT"),
+        (["serve", "--bind", f"127.0.0.1:{busy.getsockname()[1]}"], "cannot listen"),
+        (["serve", "--tenants", str(tmp_path / "missing.json")], "cannot read the tenants file"),
+        (["serve", "--bogus"], "unrecognized arguments"),
+        (["serve", "--env", "staging"], "invalid choice"),
+        (["tenants", "list", "--data-dir", str(tmp_path / "typo")], "no data directory"),
+        (["outbox", "dump", "--data-dir", str(not_a_dir)], "no data directory"),
+        (["outbox", "dump", "--data-dir", str(garbage)], "cannot open the data directory"),
+        (["outbox", "dump", "--after", "-5", "--data-dir", str(tmp_path)], "sequence number"),
+        (["usage", "show", "--period", "2026-13", "--data-dir", str(tmp_path)], "YYYY-MM"),
+    ]
+    try:
+        for argv in cases:
+            result = run_cli(*argv[0], data_dir=tmp_path / "data" if "--data-dir" not in argv[0] else None,
+                             check=False)
+            assert result.returncode == 2, (argv, result.returncode, result.stderr)
+            assert result.stderr.count("\n") == 1 and argv[1] in result.stderr, (argv, result.stderr)
+    finally:
+        busy.close()
+    assert not (tmp_path / "typo").exists()  # a read-only command created nothing
