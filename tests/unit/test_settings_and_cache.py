@@ -9,7 +9,7 @@ import pytest
 from collector.access.keycache import KeyCache
 from collector.errors import ServiceError
 from collector.settings import SettingsError, load_settings
-from collector.tenants_admin import import_tenants
+from collector.tenants_admin import import_tenants, revoke_key
 from storage.env import Storage
 
 
@@ -56,3 +56,27 @@ def test_key_cache_ttls_and_unreadable_store(tmp_path: Path) -> None:
         cache.lookup("cs_live_new0000000")
     assert info.value.code == "service_unavailable"
     assert info.value.response_headers()["Retry-After"] == "5"
+
+
+def test_suspension_reaches_a_cached_key_within_a_minute_and_revocation_within_two(tmp_path: Path) -> None:
+    # Spec 5.6: suspension propagates in about 60 s (at most 90); key config is cached 2 minutes.
+    storage = Storage(tmp_path)
+    now = [0.0]
+    cache = KeyCache(storage, ttl=120, negative_ttl=30, clock=lambda: now[0])
+    key = "cs_live_sus0000000"
+    import_tenants(storage, b'{"keys": [{"key": "%s", "clientId": "s", "name": "before"}]}' % key.encode())
+    assert cache.lookup(key) is not None
+    import_tenants(storage, b'{"keys": [{"key": "%s", "clientId": "s", "name": "after", "suspended": true}]}'
+                   % key.encode())
+    now[0] = 59.0
+    assert not cache.lookup(key).suspended  # type: ignore[union-attr]
+    now[0] = 60.0
+    record = cache.lookup(key)
+    assert record is not None and record.suspended
+    assert record.name == "before"  # only the suspension is re-read early
+    revoke_key(storage, key)
+    now[0] = 119.0
+    assert cache.lookup(key) is not None
+    now[0] = 120.0
+    assert cache.lookup(key) is None
+    storage.close()
