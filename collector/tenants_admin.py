@@ -12,6 +12,7 @@ from collector.access import stream_tokens
 from collector.access.tenants import (
     KeyRecord,
     KeyType,
+    TenantsFileError,
     decode_record,
     encode_record,
     parse_tenants_file,
@@ -20,6 +21,7 @@ from storage import keys as key_store
 from storage.env import Storage
 from storage.stream_secret import stream_token_secret
 
+_json = msgspec.json.Encoder()
 _PREFIX = {KeyType.MOBILE: "cs_mob_live_", KeyType.SERVER: "cs_srv_live_"}
 
 
@@ -30,25 +32,55 @@ class KeyAdminError(ValueError):
 def import_tenants(storage: Storage, data: bytes) -> list[KeyRecord]:
     """Validate the whole file first, then upsert every key in one transaction.
 
-    A revoked key stays revoked: `serve --tenants FILE` re-imports the file on
-    every start, and a rotation or revocation must survive that (spec 5.6:
-    rotation is the only remedy for a leaked key).
+    In the same transaction each billing account the import touches gets its
+    terms recomputed from all of its live keys, the stored ones included: its
+    `contract` (keys of one account may not carry different ones) and
+    `overage` (on when any key turns it on). A revoked key stays revoked:
+    `serve --tenants FILE` re-imports the file on every start, and a rotation
+    or revocation must survive that (spec 5.6: rotation is the only remedy for
+    a leaked key).
     """
     records = parse_tenants_file(data)
-    key_store.put_keys(storage, [(r.key, encode_record(r)) for r in records], merge=_keep_revocation)
+
+    def update(stored: dict[str, bytes]) -> dict[str, bytes]:
+        merged = {key: decode_record(raw) for key, raw in stored.items()}
+        touched = {merged[r.key].billing_account for r in records if r.key in merged}
+        for record in records:
+            old = merged.get(record.key)
+            if old is not None and old.revokedAt:
+                record = msgspec.structs.replace(
+                    record, revokedAt=old.revokedAt, replacedBy=record.replacedBy or old.replacedBy
+                )
+            merged[record.key] = record
+            touched.add(record.billing_account)
+        changed = {record.key for record in records}
+        for account in touched:
+            changed |= _apply_account_terms(merged, account)
+        return {key: encode_record(merged[key]) for key in changed}
+
+    key_store.update_keys(storage, update)
     return records
 
 
-def _keep_revocation(stored: bytes | None, new: bytes) -> bytes:
-    if stored is None:
-        return new
-    old = decode_record(stored)
-    if not old.revokedAt:
-        return new
-    record = decode_record(new)
-    return encode_record(msgspec.structs.replace(
-        record, revokedAt=old.revokedAt, replacedBy=record.replacedBy or old.replacedBy
-    ))
+def _apply_account_terms(merged: dict[str, KeyRecord], account: str) -> set[str]:
+    """Give every key of `account` the account's contract and overage; the keys that changed."""
+    members = [r for r in merged.values() if r.billing_account == account]
+    live = [r for r in members if not r.revokedAt]
+    contracts = {_json.encode(r.contract): r for r in live if r.contract is not None}
+    if len(contracts) > 1:
+        keys = ", ".join(sorted(r.key[:16] + "..." for r in contracts.values()))
+        raise TenantsFileError(
+            f"invalid tenants file: keys of billing account {account!r} carry different contracts"
+            f" ({keys}): a contract belongs to the billing account; give its keys the same one"
+        )
+    contract = next(iter(contracts.values())).contract if contracts else None
+    overage = any(r.overage for r in live)
+    changed = set()
+    for record in members:
+        if record.accountContract != contract or record.accountOverage != overage:
+            merged[record.key] = msgspec.structs.replace(record, accountContract=contract, accountOverage=overage)
+            changed.add(record.key)
+    return changed
 
 
 def list_records(storage: Storage) -> list[KeyRecord]:

@@ -22,28 +22,28 @@ def iter_keys(storage: Storage) -> Iterator[tuple[str, bytes]]:
     yield from rows
 
 
-# (the stored record or None, the new one) -> what to store, decided inside the transaction
-Merge = Callable[[bytes | None, bytes], bytes]
-
-
-def put_keys(storage: Storage, records: Iterable[tuple[str, bytes]], merge: Merge | None = None) -> None:
+def put_keys(storage: Storage, records: Iterable[tuple[str, bytes]]) -> None:
     """Upsert many key records in one durable transaction: all or nothing."""
+    rows = list(records)
+    update_keys(storage, lambda stored: dict(rows))
+
+
+def update_keys(storage: Storage, update: Callable[[dict[str, bytes]], dict[str, bytes]]) -> None:
+    """One durable transaction: `update` sees every stored record and returns the rows to write.
+
+    For a change that depends on other keys (an import recomputes each billing
+    account's terms from all of its keys). `update` may raise to write nothing.
+    """
     with mapped_lmdb_errors():
-        _write_with_growth(storage, list(records), merge)
-
-
-def _write_with_growth(storage: Storage, rows: list[tuple[str, bytes]], merge: Merge | None) -> None:
-    while True:
-        try:
-            with storage.env.begin(write=True) as txn:
-                for key, value in rows:
-                    if merge is not None:
-                        stored = txn.get(key.encode(), db=storage.dbs.keys)
-                        value = merge(bytes(stored) if stored is not None else None, value)
-                    txn.put(key.encode(), value, db=storage.dbs.keys)
-            return
-        except lmdb.MapFullError:
-            if not storage.grow():
-                raise
-        except lmdb.MapResizedError:  # another process grew the shared map
-            storage.adopt_map_size()
+        while True:
+            try:
+                with storage.env.begin(write=True) as txn:
+                    stored = {bytes(k).decode(): bytes(v) for k, v in txn.cursor(db=storage.dbs.keys)}
+                    for key, value in update(stored).items():
+                        txn.put(key.encode(), value, db=storage.dbs.keys)
+                return
+            except lmdb.MapFullError:
+                if not storage.grow():
+                    raise
+            except lmdb.MapResizedError:  # another process grew the shared map
+                storage.adopt_map_size()

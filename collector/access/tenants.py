@@ -59,6 +59,10 @@ class KeyRecord(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     # service-side lifecycle fields, written by `collector keys rotate|revoke`
     revokedAt: str | None = None
     replacedBy: str | None = None
+    # service-side: the billing account's terms, recomputed by every import from
+    # all of the account's live keys (`contract` and `overage` are the account's)
+    accountContract: Contract | None = None
+    accountOverage: bool = False
 
     @property
     def key_type(self) -> KeyType:

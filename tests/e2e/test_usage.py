@@ -152,3 +152,27 @@ async def test_period_rolls_over_at_the_utc_month_boundary(nursery: trio.Nursery
     assert fresh.status_code == 202
     assert fresh.headers["X-Service-Billing-Period"] == "2026-12"
     assert fresh.headers["X-Service-Monthly-Used"] == "1"
+
+
+async def test_a_contract_and_overage_belong_to_the_billing_account(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # The operator contract: `contract` and `overage` are the billing account's. A second key of
+    # the account that carries neither still gets them (here a paid key with 100 included pageviews).
+    twin = "cs_live_paid0000001"
+    tenants = {"keys": [*TENANTS["keys"], {  # type: ignore[misc]
+        "key": twin, "clientId": "paidco-eu", "billingAccount": "paidco", "plan": "paid", "rateLimit": 5000,
+        "sites": [{"siteId": "q", "domains": ["shop.example"]}]}]}
+    server = await start_server(nursery, tmp_path, tenants)
+    response = await send(server, twin, [pageview("t1")])
+    assert response.status_code == 202, response.text
+    assert response.headers["X-Service-Monthly-Limit"] == "100"
+    assert response.headers["X-Service-Budget-Ceiling"] == "150"  # the account's overage is on
+    shown = [json.loads(line) for line in run_cli("usage", "show", "--account", "paidco",
+                                                   data_dir=server.data_dir).stdout.splitlines()]
+    assert {row["unit"]: row["included"] for row in shown}["pageview"] == 100
+    # Two different contracts on one account cannot be imported; nothing changes.
+    clash = tmp_path / "clash.json"
+    clash.write_text(json.dumps({"keys": [{**tenants["keys"][-1], "contract": {"monthlyPageviews": 7}}]}))
+    refused = run_cli("tenants", "import", str(clash), data_dir=server.data_dir, check=False)
+    assert refused.returncode == 2 and "different contracts" in refused.stderr
+    again = await send(server, twin, [pageview("t2")])
+    assert again.headers["X-Service-Monthly-Limit"] == "100"
