@@ -48,7 +48,12 @@ def decode_translated(decoder: msgspec.json.Decoder[T], body: bytes, what: str) 
     try:
         return decoder.decode(body)
     except msgspec.ValidationError as exc:
-        raise ServiceError("validation_error", f"invalid {what}: {exc}") from None
+        # One event failing returns details (spec 4.1 rule 2), as for /v1/events.
+        message, _, where = str(exc).partition(" - at `")
+        raise ServiceError(
+            "validation_error", f"invalid {what}: {exc}",
+            details=[{"path": where.rstrip("`") or "$", "message": message}],
+        ) from None
     except msgspec.DecodeError:
         raise ServiceError("invalid_json", "body is not valid JSON") from None
 

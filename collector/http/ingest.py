@@ -307,8 +307,10 @@ def _event_errors(prepared: PreparedBatch) -> list[dict[str, object]]:
         }
         for ev in prepared.rejected
     ]
-    errors.extend(
-        {"index": ev.index, "eid": ev.eid, "error": "dropped", "reason": ev.reason}
-        for ev in prepared.dropped
-    )
+    if prepared.dropped:
+        errors.extend(
+            {"index": ev.index, "eid": ev.eid, "error": "dropped", "reason": ev.reason}
+            for ev in prepared.dropped
+        )
+        errors.sort(key=lambda error: error["index"])  # type: ignore[arg-type,return-value]
     return errors

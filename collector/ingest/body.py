@@ -24,27 +24,34 @@ def decompress_body(raw: bytes, content_encoding: str | None, content_type: str 
         raise ServiceError("validation_error", f"unsupported Content-Encoding {encoding!r}; use gzip")
     if "application/json" not in (content_type or "").lower():
         raise RawErrorBody(400, {"error": "Content-Type must be application/json"})
-    inflater = zlib.decompressobj(wbits=31)
     parts: list[bytes] = []
     size = 0
     pending = raw
     try:
+        # RFC 1952: a gzip body may hold several members (pigz, streaming
+        # compressors); they inflate to the concatenation of their contents.
         while pending:
-            chunk = inflater.decompress(pending, _CHUNK)
-            size += len(chunk)
-            if size > MAX_INFLATED:
-                raise _too_large()
-            parts.append(chunk)
-            pending = inflater.unconsumed_tail
-            if inflater.eof:
-                break
-        if not inflater.eof:
-            raise ServiceError("invalid_json", "gzip body is truncated")
-        if inflater.unused_data:
-            raise ServiceError("invalid_json", "gzip body has trailing bytes")
+            inflater = zlib.decompressobj(wbits=31)
+            while pending:
+                chunk = inflater.decompress(pending, _CHUNK)
+                size += len(chunk)
+                if size > MAX_INFLATED:
+                    raise _too_large()
+                parts.append(chunk)
+                pending = inflater.unconsumed_tail
+                if inflater.eof:
+                    break
+            if not inflater.eof:
+                raise ServiceError("invalid_json", "gzip body is truncated")
+            pending = inflater.unused_data
+            if pending and not pending.startswith(_GZIP_MAGIC):
+                raise ServiceError("invalid_json", "gzip body has trailing bytes")
     except zlib.error as exc:
         raise ServiceError("invalid_json", f"body is not valid gzip: {exc}") from None
     return b"".join(parts)
+
+
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 def _too_large() -> ServiceError:

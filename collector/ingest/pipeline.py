@@ -52,6 +52,7 @@ MAX_BATCH = 25
 MAX_STORED_EVENT = 120_000
 MAX_IDEMPOTENCY_KEY = 512
 SKEW_MS = 5 * 60 * 1000
+MAX_CLIENT_TS = 2**53  # JavaScript's safe integers
 
 _event_decoder = msgspec.json.Decoder(AnyEvent)  # type: ignore[arg-type]
 _batch_decoder = msgspec.json.Decoder(Batch)
@@ -305,7 +306,9 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
             to_store = seal_sensitive(to_store, ctx.sealer, ctx.client_id, eid)
         client_ts = None
         if abs(event.timestamp - ctx.now_ms) > SKEW_MS:
-            client_ts = event.timestamp
+            # Kept as clientTimestamp only inside what a JavaScript consumer reads
+            # exactly; a wilder clock (1e300, 4,000 digits) is overridden and dropped.
+            client_ts = event.timestamp if 0 <= event.timestamp <= MAX_CLIENT_TS else None
             to_store = msgspec.structs.replace(to_store, timestamp=ctx.now_ms)
         if to_store is not event:
             client_json = _encoder.encode(to_store)
@@ -362,6 +365,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
                 {
                     "index": r.index,
                     "eid": r.eid,
+                    "error": r.code,  # as in a 202's errors
                     "issues": [{"path": i.path, "message": i.message} for i in r.issues],
                 }
                 for r in rejected

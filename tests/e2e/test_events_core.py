@@ -141,7 +141,17 @@ async def test_all_failed_batch_has_per_index_errors(server: RunningServer) -> N
     assert response.status_code == 400
     errors = response.json()["errors"]
     assert [e["index"] for e in errors] == [0, 1]
+    assert {e["error"] for e in errors} == {"validation_error"}  # the entries of a 202's errors
     assert await outbox_dump(server.data_dir) == []
+
+
+async def test_a_wild_client_clock_is_overridden_and_kept_only_when_readable(server: RunningServer) -> None:
+    stamps = (-1, 2**53, 2**53 + 1, 10**300, 1e300)
+    response = await post(server, {"events": [pageview(f"ts{i}", timestamp=ts) for i, ts in enumerate(stamps)]})
+    assert response.json()["accepted"] == len(stamps), response.text
+    stored = {row["eid"]: row["event"] for row in await outbox_dump(server.data_dir)}
+    assert [stored[f"ts{i}"].get("clientTimestamp") for i in range(len(stamps))] == [None, 2**53, None, None, None]
+    assert all(abs(event["timestamp"] - response.json()["timestamp"]) < 5000 for event in stored.values())
 
 
 async def test_partly_failed_batch_is_202_with_errors(server: RunningServer) -> None:
@@ -308,6 +318,7 @@ async def test_edge_pageview(server: RunningServer) -> None:
     assert event["device"]["userAgent"].startswith("Mozilla/5.0 (Windows")
     missing = await server.client.post("/v1/edge/pageview", json={"visitorId": "v"}, headers=H)
     assert missing.status_code == 400 and missing.json()["error"] == "validation_error"
+    assert missing.json()["details"] == [{"path": "$", "message": "Object missing required field `url`"}]
     no_id = await server.client.post("/v1/edge/pageview", json={k: v for k, v in body.items() if k != "_eid"}, headers=H)
     assert no_id.json()["error"] == "idempotency_required"
     leak = await server.client.post("/v1/edge/pageview", json={**body, "_eid": "edge-2", "note": "4111 1111 1111 1111"}, headers=H)

@@ -358,3 +358,14 @@ def test_verdicts_within_a_batch_match_classifying_each_event_alone() -> None:
         verdicts = [json.loads(a.stored)["bot"]["category"] for a in batch.accepted]
         if key_type == "browser":  # native events are exempt from the stealth rule
             assert verdicts[2:4] == ["automation", "automation"] and verdicts[5] == "human"
+
+
+def test_a_202_lists_its_errors_in_request_order() -> None:
+    from collector.http.ingest import _event_errors
+    from collector.ingest.model import DroppedEvent, EventIssue, PreparedBatch, RejectedEvent
+
+    prepared = PreparedBatch(
+        3, False, [], [RejectedEvent(2, "c", "validation_error", [EventIssue("$.x", "bad")])],
+        [DroppedEvent(0, "a", "consent_missing")],
+    )
+    assert [(e["index"], e["error"]) for e in _event_errors(prepared)] == [(0, "dropped"), (2, "validation_error")]
