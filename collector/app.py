@@ -18,7 +18,12 @@ from pathlib import Path
 
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.statsd import StatsdLogger
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState, LifespanState
+from hypercorn.utils import repr_socket_addr, wrap_app
 from prometheus_client.core import GaugeMetricFamily
 from quart_trio import QuartTrio
 
@@ -29,6 +34,7 @@ from collector.fieldkeys import key_file_path, load_or_create
 from collector.http.access_log import flush_periodically as flush_access_log
 from collector.http.asgi import Receive, Scope, Send, send_response
 from collector.http.client_address import TrustedProxies
+from collector.http.drain import Drain
 from collector.http.ingest import make_ingest_handler
 from collector.http.ops import register_ops_routes
 from collector.http.replay import make_replay_handler
@@ -281,6 +287,11 @@ async def serve(
         log.info("storage closed")
 
 
+# After the last request, how long to wait for a keep-alive client's next one
+# (it gets its response, with Connection: close) before closing idle connections.
+DRAIN_QUIET_S = 0.1
+
+
 async def _serve_http(
     app: Router,
     config: HypercornConfig,
@@ -288,10 +299,53 @@ async def _serve_http(
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    async def shutdown_trigger() -> None:
-        await shutdown.wait()
+    """hypercorn.trio.serve (its worker_serve, hypercorn/trio/run.py), with a real drain.
 
-    await hypercorn_serve(app, config, shutdown_trigger=shutdown_trigger, task_status=task_status)  # type: ignore[arg-type]
+    hypercorn's shutdown_trigger closes the listeners and sets the worker's
+    `terminated` flag in one step (run.py:112-118), while keep-alive
+    connections are mid-cycle: an idle connection is closed even as its next
+    request is being read (tcp_server.py:131-140; the request still runs and
+    commits), a connection is closed after a response that did not say
+    `Connection: close` (h11.py:287-289), and one whose next request was
+    already buffered waits on `can_read` (h11.py:174-176) until
+    graceful_timeout. Here, on `shutdown`: every response from then on says
+    `Connection: close`, the listeners close, and only once no request has
+    been in flight for DRAIN_QUIET_S is `terminated` set, which closes the
+    idle connections at once. graceful_timeout bounds the whole drain.
+    """
+    drain = Drain(app)
+    asgi = wrap_app(drain, config.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]
+    config.set_statsd_logger_class(StatsdLogger)
+    state: LifespanState = {}
+    lifespan = Lifespan(asgi, config, state)
+    context = WorkerContext(None)
+    async with trio.open_nursery() as lifespan_nursery:
+        await lifespan_nursery.start(lifespan.handle_lifespan)
+        await lifespan.wait_for_startup()
+        sockets = config.create_sockets()  # plain TCP only: no certificates are configured
+        listeners, binds = [], []
+        for sock in sockets.insecure_sockets:
+            sock.listen(config.backlog)
+            listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+            binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
+        connection = partial(TCPServer, asgi, config, context, ConnectionState(state.copy()))
+        async with trio.open_nursery() as connections:
+            async with trio.open_nursery() as accepting:
+                accepting.start_soon(
+                    partial(trio.serve_listeners, connection, listeners, handler_nursery=connections)
+                )
+                task_status.started(binds)
+                await shutdown.wait()
+                drain.start_draining()
+                accepting.cancel_scope.cancel()  # closes the listeners
+            deadline = trio.current_time() + config.graceful_timeout
+            connections.cancel_scope.deadline = deadline
+            with trio.move_on_at(deadline):
+                await drain.wait_idle(DRAIN_QUIET_S)
+            drain.closing = True
+            await context.terminated.set()  # hypercorn closes the idle keep-alive connections
+        await lifespan.wait_for_shutdown()
+        lifespan_nursery.cancel_scope.cancel()
 
 
 async def _watch_signals(shutdown: trio.Event) -> None:

@@ -163,6 +163,10 @@ class Supervisor:
             if proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     proc.send_signal(signal.SIGTERM)
+        # The children close their copies of the listening socket as they stop
+        # accepting; ours must go too, or connections queue in its backlog
+        # until we exit and are then reset instead of refused.
+        self.sock.close()
         clean = True
         with trio.move_on_after(self.settings.graceful_timeout + 1.0) as scope:
             for proc in procs:
