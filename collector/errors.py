@@ -8,8 +8,12 @@ this table is a programming error, caught at raise time.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import msgspec
+
+if TYPE_CHECKING:
+    from collector.access.tenants import KeyRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +90,9 @@ class ServiceError(Exception):
         self.message = message
         self.extra = extra
         self.headers = headers or {}
+        # Set when the refusal came after the key was authenticated (access.gate):
+        # the response then carries that key's rate headers (spec 8.2).
+        self.key_record: KeyRecord | None = None
 
     @property
     def status(self) -> int:

@@ -6,6 +6,9 @@ Everything here runs before any storage write and before the body is read
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import msgspec
 
 from collector.access.domains import bind_site, gate
@@ -58,9 +61,19 @@ def admit_writer(
         scope=scope,
         website_only=website_only,
     )
-    matched = gate(record, origin, referer)
-    site = bind_site(record, matched)
+    with _refusing(record):
+        site = bind_site(record, gate(record, origin, referer))
     return Caller(record, site, from_header)
+
+
+@contextlib.contextmanager
+def _refusing(record: KeyRecord) -> Iterator[None]:
+    """Name the caller's key on a refusal after authentication (its response gets rate headers)."""
+    try:
+        yield
+    except ServiceError as error:
+        error.key_record = record
+        raise
 
 
 def admit_reader(
@@ -77,9 +90,10 @@ def admit_reader(
         raise ServiceError(
             "missing_api_key", "a server key is accepted only in the X-API-Key header, never in the URL"
         )
-    if record.suspended:
-        raise ServiceError("account_suspended", "this account is suspended")
-    site = bind_site(record, gate(record, origin, referer))
+    with _refusing(record):
+        if record.suspended:
+            raise ServiceError("account_suspended", "this account is suspended")
+        site = bind_site(record, gate(record, origin, referer))
     return Caller(record, site, from_header)
 
 
@@ -102,6 +116,18 @@ def admit_key(
     key_type_not_allowed.
     """
     record, from_header = resolve_key(cache, header_key, query_key)
+    with _refusing(record):
+        _check_key(record, from_header, signature_headers, scope, website_only)
+    return record, from_header
+
+
+def _check_key(
+    record: KeyRecord,
+    from_header: bool,
+    signature_headers: tuple[str | None, str | None],
+    scope: str,
+    website_only: str | None,
+) -> None:
     if website_only and record.key_type is not KeyType.BROWSER:
         raise ServiceError(
             "key_type_not_allowed",
@@ -120,4 +146,3 @@ def admit_key(
     if record.suspended:
         raise ServiceError("account_suspended", "this account is suspended")
     require_scope(record, scope, error_code="insufficient_permission")
-    return record, from_header

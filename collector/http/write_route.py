@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from collector.access.domains import gate
-from collector.access.tenants import KeyRecord, Site
+from collector.access.tenants import KeyRecord, KeyType, Site
 from collector.errors import RawErrorBody, ServiceError, render_error
 from collector.http.access_log import log_request
 from collector.http.asgi import ClientGone, Receive, Request, Scope, Send, read_body, send_response
@@ -78,6 +78,7 @@ def refuse_payment_headers(request: Request) -> None:
             )
 
 
+SIGNALS_ROUTE = "/v1/signals/:visitorId"  # signals.ROUTE (that module imports this one)
 RAW_BODY_LIMIT = 10 * 1024 * 1024  # spec 8.1
 GZIP_BODY_LIMIT = 1 * 1024 * 1024  # compressed bytes; inflating is capped in decompress_body
 
@@ -100,6 +101,21 @@ def spend_request_token(
     headers.extend(rate_headers(decision, scope))
     if not decision.allowed:
         raise refusal(decision, scope)
+
+
+def peek_rate_headers(services: Services, record: KeyRecord, route: str) -> list[tuple[str, str]]:
+    """The caller's rate headers for a refusal before its bucket (spec 8.2: every authenticated
+    response carries them); nothing is taken from the bucket."""
+    if route == SIGNALS_ROUTE:
+        scope = "signals-read"
+    else:
+        scope = "mobile:ingest" if record.key_type is KeyType.MOBILE else "ingest"
+    decision = services.limiter.peek(
+        bucket_id(record.clientId, record.key_type.value, scope),
+        scope_rate(record, scope, record.normalized_plan),  # the site is not bound yet: the key's plan
+        services.clock(),
+    )
+    return rate_headers(decision, scope)
 
 
 async def read_capped_body(request: Request, receive: Receive) -> bytes:
@@ -154,6 +170,8 @@ def make_write_handler(
             status, body, error_code = error.status, render_error(error), error.code
             if request.method == "OPTIONS":  # a refused preflight allows nothing cross-origin
                 headers = [("X-Request-ID", request.request_id)]
+            elif error.key_record is not None:
+                headers.extend(peek_rate_headers(services, error.key_record, route))
             headers.extend(error.response_headers().items())
         except RawErrorBody as raw:
             status, body, error_code = raw.status, _encoder.encode(raw.body), "content_type"

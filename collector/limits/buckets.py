@@ -95,6 +95,33 @@ class RateLimiter:
             False, key_limit, 2 * key_limit, 0, 0, reset, max(1, math.ceil(reset - now))
         )
 
+    def peek(self, bucket_id: str, rate_per_s: float, now: float) -> RateDecision:
+        """The bucket as `check` reports it, without taking a request.
+
+        For a refusal that comes before the bucket (the key is known, the gate
+        said no): spec 8.2 puts the rate headers on every authenticated response.
+        """
+        key_limit = max(1, round(60 * rate_per_s))
+        parts = self.partitions
+        limit = -(-key_limit // parts)
+        burst = 2 * limit
+        window = int(now // 60)
+        state = self._shards[xxhash.xxh3_64_intdigest(bucket_id.encode()) % len(self._shards)].get(bucket_id)
+        current = previous = 0
+        if state is not None and state[0] == window:
+            current, previous = state[1], state[2]
+        elif state is not None and state[0] == window - 1:
+            previous = state[1]
+        return RateDecision(
+            True,
+            key_limit,
+            2 * key_limit,
+            min(key_limit, parts * max(0, limit - current)),
+            min(2 * key_limit, parts * max(0, burst - max(current, previous + current))),
+            (window + 1) * 60,
+            0,
+        )
+
     @staticmethod
     def _evict(shard: dict[str, list[int]], window: int) -> None:
         for key in [k for k, state in shard.items() if state[0] < window - 1]:

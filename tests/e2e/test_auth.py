@@ -50,6 +50,7 @@ async def test_suspended_account(server: RunningServer) -> None:
     )
     assert response.status_code == 403
     assert response.json()["error"] == "account_suspended"
+    assert response.headers["X-RateLimit-Scope"] == "ingest"  # authenticated: spec 8.2
 
 
 async def test_permissions_without_events_write(server: RunningServer) -> None:
@@ -58,6 +59,7 @@ async def test_permissions_without_events_write(server: RunningServer) -> None:
     )
     assert response.status_code == 403
     assert response.json()["error"] == "insufficient_permission"
+    assert response.headers["X-RateLimit-Limit"]
 
 
 def server_event(eid: str) -> dict[str, object]:

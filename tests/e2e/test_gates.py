@@ -207,3 +207,20 @@ async def test_rate_bucket_runs_out(nursery: trio.Nursery, tmp_path: Path) -> No
     assert len(await outbox_dump(server.data_dir)) == 120
     server.clock.fixed += 60
     assert (await post(server, SLOW, "next", Origin="https://slow.com")).status_code == 202
+
+
+async def test_a_refusal_after_authentication_carries_the_rate_headers(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # Spec 8.2: rate headers on every authenticated response; the gate's refusals take nothing.
+    server = await start_server(nursery, tmp_path, TENANTS)
+    server.clock.fixed = 1_800_000_000.0
+    first = await post(server, SLOW, "ok1", Origin="https://slow.com")
+    assert first.headers["X-RateLimit-Remaining"] == "59"
+    for headers, error in (({"Origin": "https://evil.com"}, "domain_not_allowed"), ({}, "origin_required")):
+        refused = await post(server, SLOW, "no", **headers)
+        assert refused.json()["error"] == error
+        assert refused.headers["X-RateLimit-Limit"] == "60" and refused.headers["X-RateLimit-Scope"] == "ingest"
+        assert refused.headers["X-RateLimit-Remaining"] == "59"  # peeked, not spent
+        assert "Retry-After" not in refused.headers
+    unknown = await post(server, "cs_live_nope00000000", "x", Origin="https://slow.com")
+    assert unknown.status_code == 401 and "X-RateLimit-Limit" not in unknown.headers  # not authenticated
+    assert (await post(server, SLOW, "ok2", Origin="https://slow.com")).headers["X-RateLimit-Remaining"] == "58"
