@@ -30,7 +30,8 @@ def resolve_key(
     cache: KeyCache, header_key: str | None, query_key: str | None
 ) -> tuple[KeyRecord, bool]:
     """The live key record and whether it came from the X-API-Key header (spec 5.1)."""
-    key = header_key or query_key
+    header_key = (header_key or "").strip()
+    key = header_key or (query_key or "").strip()  # a blank key is no key, from either place
     if not key:
         raise ServiceError(
             "missing_api_key", "send the API key in the X-API-Key header or the key parameter"

@@ -16,6 +16,8 @@ async def test_missing_and_unknown_key(server: RunningServer) -> None:
     response = await server.client.post("/v1/events", json=pageview("a"), headers=ORIGIN)
     assert response.status_code == 401
     assert response.json()["error"] == "missing_api_key"
+    blank = await server.client.post("/v1/events?key=%20", json=pageview("a"), headers=ORIGIN)
+    assert blank.json()["error"] == "missing_api_key"  # as a blank X-API-Key header
     response = await server.client.post(
         "/v1/events", json=pageview("a"), headers={**ORIGIN, "X-API-Key": "cs_live_nope00000"}
     )
