@@ -13,6 +13,7 @@ import msgspec
 
 from collector.access.domains import bind_page_site, forwarded_site
 from collector.access.gate import admit_key, admit_writer
+from collector.access.hostnames import utf8_header
 from collector.access.signature import verify_server_signature
 from collector.access.tenants import KeyType, Site
 from collector.errors import ServiceError
@@ -88,6 +89,10 @@ async def _ingest(
 ) -> tuple[int, bytes]:
     hdr = request.headers
     header_key, query_key = hdr.get("x-api-key"), request.query.get("key")
+    # Its characters as sent (headers arrive decoded as Latin-1): the 512 limit counts
+    # characters, and the signature covers the key's own bytes.
+    raw_idempotency_key = hdr.get("idempotency-key")
+    idempotency_key = utf8_header(raw_idempotency_key) if raw_idempotency_key is not None else None
     signature_headers = (hdr.get("x-cs-timestamp"), hdr.get("x-cs-signature"))
     site: Site | None = None
     if route == EDGE_ROUTE:
@@ -121,7 +126,7 @@ async def _ingest(
             api_key=record.key,
             timestamp=hdr.get("x-cs-timestamp"),
             signature=hdr.get("x-cs-signature"),
-            idempotency_key=hdr.get("idempotency-key"),
+            idempotency_key=idempotency_key,
             body=raw,
             now_s=now_ms / 1000,
             path=route,  # a signature is bound to its route: "/v1/events" as spec 5.2 spells it
@@ -158,7 +163,7 @@ async def _ingest(
         key_type=key_type.value,
         production=services.settings.production,
         now_ms=now_ms,
-        idempotency_key=hdr.get("idempotency-key"),
+        idempotency_key=idempotency_key,
         content_identity=content_identity,
         strict_consent=site.strictConsent,
         sealer=services.sealer,

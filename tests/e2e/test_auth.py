@@ -122,6 +122,19 @@ async def test_signed_server_write_and_its_errors(server: RunningServer) -> None
     assert response.json()["error"] == "server_signature_expired"
 
 
+async def test_a_non_ascii_idempotency_key_is_read_and_signed_as_sent(server: RunningServer) -> None:
+    event = server_event("unused")
+    del event["_eid"]
+    body = json.dumps(event).encode()
+    key = "é" * 300  # 300 characters, 600 bytes: inside the 512-character limit
+    ts = str(int(time.time()))
+    response = await server.client.post("/v1/events", content=body, headers={
+        "X-API-Key": SERVER_KEY, "X-CS-Timestamp": ts, "Idempotency-Key": key.encode(),
+        "X-CS-Signature": sign(SERVER_KEY, ts, key, body), "Content-Type": "application/json"})
+    assert response.status_code == 202, response.text
+    assert response.json()["ledgerKeys"][0].endswith(f"/{key}/0")
+
+
 async def test_a_far_future_timestamp_of_any_length_is_expired_not_a_crash(server: RunningServer) -> None:
     body = json.dumps(server_event("s3")).encode()
     for ts in ("9" * 13, "9" * 309, "9" * 5000):  # past float range, past int() digit limit
