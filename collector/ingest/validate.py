@@ -103,6 +103,8 @@ def check_event(event: AnyEvent) -> tuple[AnyEvent, list[EventIssue]]:
         problem = _web_url_issue(original.url)
         if problem:
             issues.append(EventIssue("$.page.url", problem))
+        if not original.path.startswith("/"):  # spec 2.4: a pathname on the web, a free string natively
+            issues.append(EventIssue("$.page.path", "page.path must be a pathname (starting with /) for web events"))
         if not device.userAgent:
             issues.append(EventIssue("$.device.userAgent", "device.userAgent is required for web events"))
         if device.viewport is None:

@@ -154,6 +154,17 @@ async def test_a_wild_client_clock_is_overridden_and_kept_only_when_readable(ser
     assert all(abs(event["timestamp"] - response.json()["timestamp"]) < 5000 for event in stored.values())
 
 
+async def test_a_web_path_is_a_pathname_a_native_one_a_free_string(server: RunningServer) -> None:
+    response = await post(server, pageview("np", page={"url": "https://acme.com/x", "path": "x", "title": "X"}))
+    assert response.status_code == 400
+    assert response.json()["details"] == [
+        {"path": "$.page.path", "message": "page.path must be a pathname (starting with /) for web events"}]
+    from tests.conftest import MOBILE_KEY
+
+    native = pageview("nn", page={"path": "HomeScreen", "title": "Home"}, device={})
+    assert (await post(server, native, headers={"X-API-Key": MOBILE_KEY})).status_code == 202
+
+
 async def test_partly_failed_batch_is_202_with_errors(server: RunningServer) -> None:
     response = await post(server, {"events": [pageview("p1"), pageview("p2", timestamp="soon")]})
     assert response.status_code == 202

@@ -130,7 +130,7 @@ def test_field_rules_reject(overrides: dict[str, object], path: str) -> None:
 def test_page_fields_truncate_at_their_limits() -> None:
     keep = run(event(page={"url": "https://a.com/" + "a" * (2048 - 14), "path": "/", "title": "t" * 512}))
     assert len(stored(keep)["page"]["url"]) == 2048
-    cut = run(event(page={"url": "https://a.com/" + "a" * 3000, "path": "p" * 2049,
+    cut = run(event(page={"url": "https://a.com/" + "a" * 3000, "path": "/" + "p" * 2048,
                           "title": "t" * 513, "referrer": "r" * 5000}))
     page = stored(cut)["page"]
     assert (len(page["url"]), len(page["path"]), len(page["title"]), len(page["referrer"])) == (
