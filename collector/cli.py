@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -83,39 +82,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
             parse_tenants_file(Path(settings.tenants).read_bytes())
         except OSError as exc:
             raise UsageError(f"cannot read the tenants file {settings.tenants}: {exc.strerror}") from None
+    _probe_listen(settings)
     configure_logging()
     tune_gc()  # after the imports above: they are start-up objects, never scanned again
-    try:
-        if settings.workers > 1:
-            from collector.workers import run_supervisor
+    if settings.workers > 1:
+        from collector.workers import run_supervisor
 
-            return run_supervisor(settings)
-        from collector.workers import bind_listener
-
-        # Before storage opens and logs: a port in use is then one line. (The
-        # probe closes at once; hypercorn binds the port itself.)
-        if settings.host_port[1]:
-            bind_listener(settings).close()
-        trio.run(serve, settings)
-    except OSError as exc:
-        _refuse_listen_error(settings, exc)
-        raise
-    except BaseExceptionGroup as group:
-        _refuse_listen_error(settings, group)
-        raise
+        return run_supervisor(settings)
+    trio.run(serve, settings)
     return 0
 
 
-_LISTEN_ERRNOS = frozenset({errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL})
+def _probe_listen(settings: Settings) -> None:
+    """Bind and close the listening address before storage opens or anything logs.
 
+    A port in use or not allowed is then one line and exit 2. (The probe closes
+    at once; the server binds again. A socket handed over as fd:// and port 0
+    need no probe.)
+    """
+    if settings.bind.startswith("fd://") or not settings.host_port[1]:
+        return
+    from collector.workers import bind_listener
 
-def _refuse_listen_error(settings: Settings, error: BaseException) -> None:
-    """A listening socket that cannot be had (port in use, not allowed): one line, exit 2."""
-    found = error
-    while isinstance(found, BaseExceptionGroup) and len(found.exceptions) == 1:
-        found = found.exceptions[0]
-    if isinstance(found, OSError) and found.errno in _LISTEN_ERRNOS:
-        raise UsageError(f"cannot listen on {settings.bind}: {found.strerror}") from None
+    try:
+        bind_listener(settings).close()
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {settings.bind}: {exc.strerror or exc}") from None
 
 
 def cmd_tenants_import(args: argparse.Namespace) -> int:

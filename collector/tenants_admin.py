@@ -32,10 +32,13 @@ class KeyAdminError(ValueError):
 def import_tenants(storage: Storage, data: bytes) -> list[KeyRecord]:
     """Validate the whole file first, then upsert every key in one transaction.
 
-    In the same transaction each billing account the import touches gets its
-    terms recomputed from all of its live keys, the stored ones included: its
-    `contract` (keys of one account may not carry different ones) and
-    `overage` (on when any key turns it on). A revoked key stays revoked:
+    In the same transaction every key of each billing account the import
+    touches gets the account's terms: its `contract` (the file's keys of one
+    account may not carry different ones) and `overage` (on when any of them
+    turns it on), taken from the file's keys of that account; only an account
+    the file no longer names (a key moved away) takes them from its stored
+    live keys. So a key that exists only in storage (a rotated key's
+    replacement) follows the file instead of pinning the old terms. A revoked key stays revoked:
     `serve --tenants FILE` re-imports the file on every start, and a rotation
     or revocation must survive that (spec 5.6: rotation is the only remedy for
     a leaked key).
@@ -55,17 +58,20 @@ def import_tenants(storage: Storage, data: bytes) -> list[KeyRecord]:
             touched.add(record.billing_account)
         changed = {record.key for record in records}
         for account in touched:
-            changed |= _apply_account_terms(merged, account)
+            changed |= _apply_account_terms(merged, account, [r for r in records if r.billing_account == account])
         return {key: encode_record(merged[key]) for key in changed}
 
     key_store.update_keys(storage, update)
     return records
 
 
-def _apply_account_terms(merged: dict[str, KeyRecord], account: str) -> set[str]:
-    """Give every key of `account` the account's contract and overage; the keys that changed."""
+def _apply_account_terms(merged: dict[str, KeyRecord], account: str, named: list[KeyRecord]) -> set[str]:
+    """Give every key of `account` the account's contract and overage; the keys that changed.
+
+    `named`: the file's keys of the account, which decide (else its stored live keys).
+    """
     members = [r for r in merged.values() if r.billing_account == account]
-    live = [r for r in members if not r.revokedAt]
+    live = named or [r for r in members if not r.revokedAt]
     contracts = {_json.encode(r.contract): r for r in live if r.contract is not None}
     if len(contracts) > 1:
         keys = ", ".join(sorted(r.key[:16] + "..." for r in contracts.values()))

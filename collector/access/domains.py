@@ -134,7 +134,11 @@ def forwarded_site(key: KeyRecord, origin: str | None, referer: str | None) -> S
     """
     if origin is None and referer is None:
         return None
-    return bind_site(key, gate(key, origin, referer))
+    try:
+        return bind_site(key, gate(key, origin, referer))
+    except ServiceError as error:
+        error.key_record = key  # an authenticated refusal: it carries the rate headers
+        raise
 
 
 def bind_page_site(key: KeyRecord, page_url: str) -> Site:

@@ -12,6 +12,8 @@ import functools
 import ipaddress
 import re
 
+import idna
+
 _LABELS = re.compile(r"[a-z0-9_](?:[a-z0-9_-]*[a-z0-9_])?(?:\.[a-z0-9_](?:[a-z0-9_-]*[a-z0-9_])?)*")
 
 
@@ -22,8 +24,10 @@ def ascii_host(host: str) -> str:
     if host.isascii():
         return host
     try:
-        return host.encode("idna").decode("ascii")
-    except UnicodeError:
+        # UTS 46 non-transitional, as browsers' URL parsers: "straße.de" is
+        # xn--strae-oqa.de (the stdlib's IDNA 2003 codec would say strasse.de).
+        return idna.encode(host, uts46=True, transitional=False).decode("ascii")
+    except (idna.IDNAError, UnicodeError):
         return host
 
 

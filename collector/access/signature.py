@@ -38,7 +38,12 @@ def verify_server_signature(
     now_s: float,
     path: str = "/v1/events",
 ) -> None:
-    """Raises ServiceError (401) unless the request is signed correctly and recently."""
+    """Raises ServiceError (401) unless the request is signed correctly and recently.
+
+    The signed path is the request's route, or the text "/v1/events" that spec
+    5.2 spells for every server-key write (it defines signing for that route
+    only, so an SDK may sign /v1/consent and /v1/edge/pageview that way too).
+    """
     if not api_key or not timestamp or not signature:
         raise ServiceError(
             "server_signature_required",
@@ -57,6 +62,9 @@ def verify_server_signature(
         )
     if not _SIGNATURE.fullmatch(signature.strip()):
         raise ServiceError("invalid_server_signature", "X-CS-Signature must be v1=<64 lowercase hex>")
-    expected = sign(api_key, ts, idempotency_key, body, path)
-    if not hmac.compare_digest(expected, signature.strip()):
+    given = signature.strip()
+    if not any(
+        hmac.compare_digest(sign(api_key, ts, idempotency_key, body, signed_path), given)
+        for signed_path in dict.fromkeys((path, "/v1/events"))
+    ):
         raise ServiceError("invalid_server_signature", "X-CS-Signature does not match the request")

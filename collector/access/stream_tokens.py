@@ -14,6 +14,7 @@ mint` stands in for that session (operator contract).
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import hmac
 
@@ -51,7 +52,10 @@ def _b64(data: bytes) -> str:
 
 
 def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    # Strict: urlsafe_b64decode skips characters outside the alphabet, which
+    # would let one token be spelt many ways.
+    standard = text.replace("-", "+").replace("_", "/") + "=" * (-len(text) % 4)
+    return base64.b64decode(standard, validate=True)
 
 
 def _mac(secret: bytes, claims: bytes) -> bytes:
@@ -74,7 +78,7 @@ def verify(secret: bytes, token: str | None, *, now_s: int) -> StreamClaims:
     body, _, mac = token[len(PREFIX):].partition(".")
     try:
         claims_raw, given = _unb64(body), _unb64(mac)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, binascii.Error):
         raise StreamTokenRefused("malformed") from None
     if not hmac.compare_digest(given, _mac(secret, claims_raw)):
         raise StreamTokenRefused("invalid")

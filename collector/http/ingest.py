@@ -129,7 +129,7 @@ async def _ingest(
             idempotency_key=idempotency_key,
             body=raw,
             now_s=now_ms / 1000,
-            path=route,  # a signature is bound to its route: "/v1/events" as spec 5.2 spells it
+            path=route,  # or "/v1/events", as spec 5.2 spells it
         )
     body = decompress_body(raw, hdr.get("content-encoding"), hdr.get("content-type"))
     content_identity: bytes | None = None

@@ -27,10 +27,11 @@ def register_ops_routes(app: QuartTrio, services: Services) -> None:
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> Response:
         # The spec's error body (2.7) instead of the framework's HTML page.
-        code = _ERROR_CODES.get(error.code or 500, "bad_request")
+        status = error.code or 500
+        code = _ERROR_CODES.get(status, "internal_error" if status >= 500 else "bad_request")
         method = request.method
         body = _encoder.encode({"error": code, "message": f"{method} {request.path}: {error.name.lower()}"})
-        response = Response(body, status=error.code or 500, content_type="application/json")
+        response = Response(body, status=status, content_type="application/json")
         if error.code == 405:
             response.headers["Allow"] = "GET, HEAD"
         return response

@@ -51,7 +51,8 @@ class Router:
                 return
             if path in WEBSOCKET_ONLY:
                 await self._refuse(scope, send, ServiceError(
-                    "upgrade_required", f"{path} is a WebSocket route: open it with a WebSocket upgrade"))
+                    "upgrade_required", f"{path} is a WebSocket route: open it with a WebSocket upgrade",
+                    headers={"Upgrade": "websocket"}))  # RFC 9110 15.5.22
                 return
             if path not in QUART_PATHS and not path.startswith(QUART_PREFIXES):
                 await self._not_found(scope, send)
@@ -68,7 +69,9 @@ class Router:
     async def _refuse(self, scope: Scope, send: Send, error: ServiceError) -> None:
         request = Request(scope)
         self.services.metrics.count_request("unmatched", error.status)
-        await send_response(send, error.status, render_error(error), [("X-Request-ID", request.request_id)])
+        await send_response(
+            send, error.status, render_error(error), [("X-Request-ID", request.request_id), *error.headers.items()]
+        )
 
     async def _refuse_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """No WebSocket route is served yet: refuse the handshake in the spec's error format.

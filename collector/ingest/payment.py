@@ -39,14 +39,18 @@ _IIN_TABLE: tuple[tuple[int, int, frozenset[int]], ...] = (
     (36, 36, frozenset(range(14, 17))),  # Diners
     (38, 38, frozenset(range(14, 17))),  # Diners
     (62, 62, frozenset(range(16, 20))),  # UnionPay
-    (50, 50, frozenset(range(12, 20))),  # Maestro
-    (56, 69, frozenset(range(12, 20))),  # Maestro
+    # Maestro also issued 12-digit numbers, but a 12-digit number is far more often an
+    # order or an id: refusing a request on one is not worth the rare old card.
+    (50, 50, frozenset(range(13, 20))),  # Maestro
+    (56, 69, frozenset(range(13, 20))),  # Maestro
 )
 
 # Separators people and forms put inside a card number: a space, a dash, a
-# plus or %20 (a URL-encoded space), a no-break space; up to three in a row
-# ("4111 - 1111"). A dot is not one: "0.4111..." is a decimal fraction.
-_DIGIT_RUN = re.compile(r"[0-9](?:(?:[ +\-\u00a0]|%20){0,3}[0-9])*")
+# plus or %20 (a URL-encoded space, read as a space first), a no-break space;
+# up to three in a row ("4111 - 1111"). A dot is not one: "0.4111..." is a
+# decimal fraction. Grouped digits count only in a card's grouping (see
+# _card_grouping): a date, a phone number or a UUID is grouped otherwise.
+_DIGIT_RUN = re.compile(r"[0-9](?:[ +\-\u00a0]{0,3}[0-9])*")
 _DIGIT_GROUP = re.compile(r"[0-9]+")
 _SEPARATORS = re.compile(r"[\s_\-.]")
 CARD_FIELD_NAMES = frozenset(
@@ -173,8 +177,10 @@ def text_has_card(text: str) -> bool:
 
 def _has_card(text: str, *, unsure: str) -> bool:
     """text_has_card, where a character in `unsure` may stand for anything (see _raw_has_card)."""
+    if "%20" in text:
+        text = text.replace("%20", " ")
     for match in _DIGIT_RUN.finditer(text):
-        groups = _DIGIT_GROUP.findall(match.group().replace("%20", " "))
+        groups = _DIGIT_GROUP.findall(match.group())
         if sum(map(len, groups)) < 12:
             continue
         # A group glued to a letter or digit, or a decimal fraction, belongs to
@@ -220,13 +226,23 @@ def _groups_hold_card(groups: list[str]) -> bool:
     anywhere in a long digit run would match some 12-digit Maestro number.
     """
     digits = ""
-    for group in groups:
+    for count, group in enumerate(groups, start=1):
         digits += group
         if len(digits) > 19:
             return False
-        if len(digits) >= 12 and looks_like_card(digits):
+        if len(digits) >= 12 and _card_grouping(groups[:count]) and looks_like_card(digits):
             return True
     return False
+
+
+def _card_grouping(groups: list[str]) -> bool:
+    """Digits as cards are written: in one piece, in fours (the last group shorter), or 4-6-5 / 4-6-4."""
+    if len(groups) == 1:
+        return True
+    lengths = [len(group) for group in groups]
+    if lengths in ([4, 6, 5], [4, 6, 4]):  # American Express, Diners Club
+        return True
+    return all(length == 4 for length in lengths[:-1]) and 1 <= lengths[-1] <= 4
 
 
 def _walk(value: Any) -> Iterator[tuple[str | None, Any]]:

@@ -138,7 +138,7 @@ async def test_international_domains_match_the_punycode_browsers_send(
     key = "cs_live_idn000000000"
     server = await start_server(nursery, tmp_path, {"keys": [
         {"key": key, "clientId": "idn", "plan": "free",
-         "sites": [{"siteId": "web", "domains": ["münchen.de", "xn--bcher-kva.example"]}]}]})
+         "sites": [{"siteId": "web", "domains": ["münchen.de", "xn--bcher-kva.example", "straße.de"]}]}]})
     for index, origin in enumerate(("https://xn--mnchen-3ya.de", "https://www.xn--mnchen-3ya.de",
                                     "https://bücher.example", "https://shop.xn--bcher-kva.example")):
         response = await server.client.post("/v1/events", json=pageview(f"i{index}"),
@@ -146,6 +146,9 @@ async def test_international_domains_match_the_punycode_browsers_send(
         assert response.status_code == 202, (origin, response.text)
     other = await post(server, key, "o", Origin="https://xn--mnchen-4ya.de")
     assert other.json()["error"] == "domain_not_allowed"
+    # UTS 46 as browsers: ß stays ß (xn--strae-oqa.de); strasse.de is another site.
+    assert (await post(server, key, "sz", Origin="https://xn--strae-oqa.de")).status_code == 202
+    assert (await post(server, key, "ss", Origin="https://strasse.de")).json()["error"] == "domain_not_allowed"
 
 
 async def test_cors_preflight_and_exposed_headers(nursery: trio.Nursery, tmp_path: Path) -> None:

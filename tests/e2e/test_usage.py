@@ -169,10 +169,18 @@ async def test_a_contract_and_overage_belong_to_the_billing_account(nursery: tri
     shown = [json.loads(line) for line in run_cli("usage", "show", "--account", "paidco",
                                                    data_dir=server.data_dir).stdout.splitlines()]
     assert {row["unit"]: row["included"] for row in shown}["pageview"] == 100
-    # Two different contracts on one account cannot be imported; nothing changes.
+    # Two different contracts for one account in one file cannot be imported; nothing changes.
     clash = tmp_path / "clash.json"
-    clash.write_text(json.dumps({"keys": [{**tenants["keys"][-1], "contract": {"monthlyPageviews": 7}}]}))
+    clash.write_text(json.dumps({"keys": [{**tenants["keys"][-1], "contract": {"monthlyPageviews": 7}},
+                                          {**tenants["keys"][-2], "contract": {"monthlyPageviews": 8}}]}))
     refused = run_cli("tenants", "import", str(clash), data_dir=server.data_dir, check=False)
     assert refused.returncode == 2 and "different contracts" in refused.stderr
-    again = await send(server, twin, [pageview("t2")])
-    assert again.headers["X-Service-Monthly-Limit"] == "100"
+    assert (await send(server, twin, [pageview("t2")])).headers["X-Service-Monthly-Limit"] == "100"
+    # The file's keys decide the account's terms, also for its keys the file does not name
+    # (a rotated key's replacement exists only in storage): overage off, a new contract.
+    changed = tmp_path / "changed.json"
+    changed.write_text(json.dumps({"keys": [{**tenants["keys"][-2], "overage": False,
+                                             "contract": {"monthlyPageviews": 200}}]}))
+    run_cli("tenants", "import", str(changed), data_dir=server.data_dir)
+    listed = {r["key"]: r for r in map(json.loads, run_cli("tenants", "list", data_dir=server.data_dir).stdout.splitlines())}
+    assert listed[twin]["accountContract"] == {"monthlyPageviews": 200} and not listed[twin].get("accountOverage")

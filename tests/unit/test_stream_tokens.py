@@ -31,6 +31,7 @@ def test_a_minted_token_verifies_until_it_expires() -> None:
         (lambda t: "", "missing"),
         (lambda t: t.replace("csst_", "cs_live_"), "malformed"),
         (lambda t: t + ".x", "malformed"),
+        (lambda t: t[:8] + "!" + t[8:], "malformed"),  # outside the alphabet: not another spelling
         (lambda t: t[:-2] + ("AA" if not t.endswith("AA") else "BB"), "invalid"),  # forged MAC
         (lambda t: "csst_" + t[5:].split(".")[0][:-2] + "xx." + t.split(".")[1], "invalid"),  # altered claims
     ],
