@@ -80,16 +80,8 @@ class RateLimiter:
         current, previous = state[1], state[2]
         reset = (window + 1) * 60
         if current < limit or (current < burst and previous + current < burst):
-            current = state[1] = current + 1
-            return RateDecision(
-                True,
-                key_limit,
-                2 * key_limit,
-                min(key_limit, parts * max(0, limit - current)),
-                min(2 * key_limit, parts * max(0, burst - max(current, previous + current))),
-                reset,
-                0,
-            )
+            state[1] = current + 1
+            return _allowed(key_limit, parts, current + 1, previous, reset)
         self._refusals += 1
         return RateDecision(
             False, key_limit, 2 * key_limit, 0, 0, reset, max(1, math.ceil(reset - now))
@@ -101,10 +93,6 @@ class RateLimiter:
         For a refusal that comes before the bucket (the key is known, the gate
         said no): spec 8.2 puts the rate headers on every authenticated response.
         """
-        key_limit = max(1, round(60 * rate_per_s))
-        parts = self.partitions
-        limit = -(-key_limit // parts)
-        burst = 2 * limit
         window = int(now // 60)
         state = self._shards[xxhash.xxh3_64_intdigest(bucket_id.encode()) % len(self._shards)].get(bucket_id)
         current = previous = 0
@@ -112,15 +100,7 @@ class RateLimiter:
             current, previous = state[1], state[2]
         elif state is not None and state[0] == window - 1:
             previous = state[1]
-        return RateDecision(
-            True,
-            key_limit,
-            2 * key_limit,
-            min(key_limit, parts * max(0, limit - current)),
-            min(2 * key_limit, parts * max(0, burst - max(current, previous + current))),
-            (window + 1) * 60,
-            0,
-        )
+        return _allowed(max(1, round(60 * rate_per_s)), self.partitions, current, previous, (window + 1) * 60)
 
     @staticmethod
     def _evict(shard: dict[str, list[int]], window: int) -> None:
@@ -129,6 +109,21 @@ class RateLimiter:
 
     def statistics(self) -> RateLimiterStatistics:
         return RateLimiterStatistics(sum(map(len, self._shards)), self._checks, self._refusals)
+
+
+def _allowed(key_limit: int, parts: int, current: int, previous: int, reset: int) -> RateDecision:
+    """An admitting decision once this partition's window holds `current` (the previous `previous`)."""
+    limit = -(-key_limit // parts)  # this partition's quota: ceil(limit / N)
+    burst = 2 * limit
+    return RateDecision(
+        True,
+        key_limit,
+        2 * key_limit,
+        min(key_limit, parts * max(0, limit - current)),
+        min(2 * key_limit, parts * max(0, burst - max(current, previous + current))),
+        reset,
+        0,
+    )
 
 
 def public_scope(scope: str) -> str:
