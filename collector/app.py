@@ -308,10 +308,12 @@ async def _serve_http(
     commits), a connection is closed after a response that did not say
     `Connection: close` (h11.py:287-289), and one whose next request was
     already buffered waits on `can_read` (h11.py:174-176) until
-    graceful_timeout. Here, on `shutdown`: every response from then on says
-    `Connection: close`, the listeners close, and only once no request has
-    been in flight for DRAIN_QUIET_S is `terminated` set, which closes the
-    idle connections at once. graceful_timeout bounds the whole drain.
+    graceful_timeout. Here, on `shutdown`: every request that starts from then
+    on is answered with `Connection: close`, the listeners close, and only
+    once no request has been in flight for DRAIN_QUIET_S is `terminated` set,
+    which closes the idle connections at once (a request that races that close
+    is refused by Drain before it can commit). graceful_timeout bounds the
+    whole drain.
     """
     drain = Drain(app)
     asgi = wrap_app(drain, config.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]
