@@ -71,20 +71,27 @@ def _apply_account_terms(merged: dict[str, KeyRecord], account: str, named: list
     `named`: the file's keys of the account, which decide (else its stored live keys).
     """
     members = [r for r in merged.values() if r.billing_account == account]
-    live = named or [r for r in members if not r.revokedAt]
-    contracts = {_json.encode(r.contract): r for r in live if r.contract is not None}
-    if len(contracts) > 1:
-        keys = ", ".join(sorted(r.key[:16] + "..." for r in contracts.values()))
-        raise TenantsFileError(
-            f"invalid tenants file: keys of billing account {account!r} carry different contracts"
-            f" ({keys}): a contract belongs to the billing account; give its keys the same one"
-        )
-    contract = next(iter(contracts.values())).contract if contracts else None
-    overage = any(r.overage for r in live)
+    live = [r for r in members if not r.revokedAt]
+    settled = next((r for r in live if r.accountTerms), None)
+    if not named and settled is not None:  # a key moved away: the account keeps its terms
+        contract, overage = settled.accountContract, settled.accountOverage
+    else:
+        deciding = named or live
+        contracts = {_json.encode(r.contract): r for r in deciding if r.contract is not None}
+        if len(contracts) > 1:
+            keys = ", ".join(sorted(r.key[:16] + "..." for r in contracts.values()))
+            raise TenantsFileError(
+                f"invalid tenants file: keys of billing account {account!r} carry different contracts"
+                f" ({keys}): a contract belongs to the billing account; give its keys the same one"
+            )
+        contract = next(iter(contracts.values())).contract if contracts else None
+        overage = any(r.overage for r in deciding)
     changed = set()
     for record in members:
-        if record.accountContract != contract or record.accountOverage != overage:
-            merged[record.key] = msgspec.structs.replace(record, accountContract=contract, accountOverage=overage)
+        if (record.accountContract, record.accountOverage, record.accountTerms) != (contract, overage, True):
+            merged[record.key] = msgspec.structs.replace(
+                record, accountContract=contract, accountOverage=overage, accountTerms=True
+            )
             changed.add(record.key)
     return changed
 

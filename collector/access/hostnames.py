@@ -28,6 +28,11 @@ def ascii_host(host: str) -> str:
         # xn--strae-oqa.de (the stdlib's IDNA 2003 codec would say strasse.de).
         return idna.encode(host, uts46=True, transitional=False).decode("ascii")
     except (idna.IDNAError, UnicodeError):
+        pass
+    try:
+        # What IDNA 2008 refuses and browsers still encode (an emoji label: ☃.net).
+        return host.encode("idna").decode("ascii")
+    except UnicodeError:
         return host
 
 

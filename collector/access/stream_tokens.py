@@ -80,6 +80,8 @@ def verify(secret: bytes, token: str | None, *, now_s: int) -> StreamClaims:
         claims_raw, given = _unb64(body), _unb64(mac)
     except (ValueError, TypeError, binascii.Error):
         raise StreamTokenRefused("malformed") from None
+    if _b64(claims_raw) != body or _b64(given) != mac:  # one spelling per token
+        raise StreamTokenRefused("malformed")
     if not hmac.compare_digest(given, _mac(secret, claims_raw)):
         raise StreamTokenRefused("invalid")
     try:

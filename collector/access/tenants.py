@@ -63,6 +63,7 @@ class KeyRecord(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     # all of the account's live keys (`contract` and `overage` are the account's)
     accountContract: Contract | None = None
     accountOverage: bool = False
+    accountTerms: bool = False  # the two above are set (records imported before them have neither)
 
     @property
     def key_type(self) -> KeyType:

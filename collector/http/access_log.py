@@ -17,6 +17,7 @@ import time
 import msgspec
 import trio
 
+from collector.access.hostnames import utf8_header
 from collector.http.asgi import Request
 from collector.ingest.payment import text_has_card
 
@@ -67,7 +68,10 @@ def log_request(
             "clientId": client_id,
             "latencyMs": round((perf_now - started) * 1000, 3),
             # A client-chosen id is written to disk here: never a card number (spec 4.1 rule 5).
-            "requestId": "[holds a payment card number]" if text_has_card(request.request_id) else request.request_id,
+            "requestId": (
+                "[holds a payment card number]" if text_has_card(utf8_header(request.request_id))
+                else request.request_id
+            ),
         }
     )
     if not _pending:

@@ -92,7 +92,7 @@ def _raw_has_card(raw: bytes) -> bool:
         end = mapped.find(b"x", start)
         if end == -1:
             end = len(mapped)
-        run = raw[start:end].strip(b" -+%")
+        run = raw[start:end].strip(b" -+")  # a leading "%" stays: "%20" reads as a space
         # Bare digits can only be one card from their first digit to their
         # last, and one that no issuer uses (every millisecond timestamp
         # starts with 1) or of the wrong length never is.

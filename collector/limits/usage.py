@@ -65,11 +65,11 @@ def policy_for(key: KeyRecord) -> UsagePolicy:
     pageviews, coverage = PACKAGES[plan]
     # The account's terms (operator contract: `contract` and `overage` belong to the
     # billing account); records imported before they were kept carry only their own.
-    contract = key.accountContract or key.contract
+    contract = key.accountContract if key.accountTerms else key.contract
     if contract is not None:
         pageviews = contract.monthlyPageviews if contract.monthlyPageviews is not None else pageviews
         coverage = contract.signalsCoverage if contract.signalsCoverage is not None else coverage
-    overage = (key.overage or key.accountOverage) and plan is Plan.PAID
+    overage = (key.accountOverage if key.accountTerms else key.overage) and plan is Plan.PAID
     pageview_ceiling = 2 * pageviews if overage else pageviews
     coverage_ceiling = 2 * coverage
     if contract is not None:

@@ -236,3 +236,10 @@ def test_probe_fails_for_card_field_names(key: str) -> None:
         assert not keyprobe.keys_known(raw, single=True), raw
     harmless = msgspec.json.encode(_event("form", 0) | {"values": {key + "_hint": "x", "email": "a"}})
     assert keyprobe.keys_known(harmless, single=True)
+
+
+def test_a_url_encoded_space_before_a_long_card_does_not_hide_it() -> None:
+    for text in ("%204111111111111111110", "card%204111111111111111110", "q=pay%204111111111111111"):
+        assert text_has_card(text), text
+        for raw in encodings({"n": text}):
+            assert find_payment_data(raw, msgspec.json.decode(raw)) is not None, raw

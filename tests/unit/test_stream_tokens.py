@@ -32,8 +32,11 @@ def test_a_minted_token_verifies_until_it_expires() -> None:
         (lambda t: t.replace("csst_", "cs_live_"), "malformed"),
         (lambda t: t + ".x", "malformed"),
         (lambda t: t[:8] + "!" + t[8:], "malformed"),  # outside the alphabet: not another spelling
+        (lambda t: t + "=", "malformed"),  # padded: not another spelling either
         (lambda t: t[:-2] + ("AA" if not t.endswith("AA") else "BB"), "invalid"),  # forged MAC
-        (lambda t: "csst_" + t[5:].split(".")[0][:-2] + "xx." + t.split(".")[1], "invalid"),  # altered claims
+        # another tenant's claims under this token's MAC
+        (lambda t: mint(SECRET, client_id="evil", api_key="k", now_s=1000).split(".")[0] + "." + t.split(".")[1],
+         "invalid"),
     ],
 )
 def test_refusals_name_their_reason(mangle, reason: str) -> None:  # type: ignore[no-untyped-def]

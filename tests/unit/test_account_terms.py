@@ -1,0 +1,55 @@
+"""A billing account's contract and overage, as imports set them on every key of the account."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from collector.access.hostnames import domain_problem, normalize_domain
+from collector.limits.usage import policy_for
+from collector.tenants_admin import import_tenants, list_records, rotate_key
+from storage.env import Storage
+
+SERVER = {"key": "cs_srv_live_terms000", "clientId": "acme", "plan": "paid", "keyType": "server",
+          "sites": [{"siteId": "api"}]}
+
+
+def _import(storage: Storage, *keys: dict[str, object]) -> None:
+    import_tenants(storage, json.dumps({"keys": list(keys)}).encode())
+
+
+def _live(storage: Storage) -> list:  # type: ignore[type-arg]
+    return [r for r in list_records(storage) if not r.revokedAt]
+
+
+def test_a_rotated_key_follows_the_file_when_overage_and_the_contract_are_turned_off(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    try:
+        _import(storage, {**SERVER, "overage": True, "contract": {"monthlyPageviews": 5_000_000}})
+        replacement = rotate_key(storage, SERVER["key"])  # type: ignore[arg-type]
+        _import(storage, SERVER)  # the same key, now without overage and contract
+        (live,) = _live(storage)
+        assert live.key == replacement
+        policy = policy_for(live)
+        assert (policy.overage, policy.pageview_included, policy.pageview_ceiling) == (False, 25_000, 25_000)
+    finally:
+        storage.close()
+
+
+def test_records_from_before_account_terms_keep_their_own(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    try:
+        _import(storage, {**SERVER, "overage": True})
+        (record,) = _live(storage)
+        import msgspec
+
+        old = msgspec.structs.replace(record, accountTerms=False, accountOverage=False)
+        assert policy_for(old).overage is True
+    finally:
+        storage.close()
+
+
+def test_hosts_browsers_encode_but_idna_2008_refuses_still_match() -> None:
+    assert normalize_domain("☃.net") == "xn--n3h.net"
+    assert normalize_domain("straße.de") == "xn--strae-oqa.de"
+    assert domain_problem("i❤.ws") is None
