@@ -243,6 +243,12 @@ async def test_gzip_body(server: RunningServer) -> None:
     raw = gzip.compress(json.dumps({"events": [pageview("g1")]}).encode())
     response = await post(server, None, {**H, "Content-Encoding": "gzip"}, raw=raw)
     assert response.status_code == 202, response.text
+    # RFC 1952: several members (pigz, streaming compressors) inflate to their concatenation.
+    body = json.dumps({"events": [pageview("g2")]}).encode()
+    members = gzip.compress(body[:40]) + gzip.compress(body[40:])
+    response = await post(server, None, {**H, "Content-Encoding": "gzip"}, raw=members)
+    assert response.status_code == 202, response.text
+    assert [row["eid"] for row in await outbox_dump(server.data_dir)] == ["g1", "g2"]
 
 
 async def test_gzip_needs_json_content_type(server: RunningServer) -> None:

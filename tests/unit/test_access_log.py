@@ -1,0 +1,28 @@
+"""The access log never writes a card number a client put in X-Request-ID."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import pytest
+
+from collector.http import access_log
+from collector.http.asgi import Request
+
+
+def _logged_id(header: bytes, capsys: pytest.CaptureFixture[str]) -> str:
+    request = Request({"method": "GET", "path": "/v1/signals/v", "headers": [(b"x-request-id", header)]})
+    access_log.log_request(request, "/v1/signals/:visitorId", 200, None, "acme", time.perf_counter())
+    access_log.flush()
+    return str(json.loads(capsys.readouterr().err.splitlines()[-1])["requestId"])
+
+
+def test_a_card_in_the_request_id_is_redacted_however_it_is_spaced(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(access_log.access, "level", logging.INFO)  # as `serve` configures it
+    for header in (b"4111111111111111", "4111\u00a01111\u00a01111\u00a01111".encode()):
+        assert _logged_id(header, capsys) == "[holds a payment card number]", header
+    assert _logged_id(b"req-2024-000123", capsys) == "req-2024-000123"
