@@ -36,6 +36,7 @@ from collector.http.write_route import (
 from collector.ingest import decompress_body, prepare_batch, refuse_payment_data
 from collector.ingest.bots import request_evidence
 from collector.ingest.model import AcceptedEvent, IngestContext, MeterKind, PreparedBatch
+from collector.limits.rates import ingest_scope
 from collector.limits.usage import (
     COVERAGE_UNIT,
     PAGEVIEW_UNIT,
@@ -116,9 +117,7 @@ async def _ingest(
         record, site = caller.record, caller.site
     seen.client_id = record.clientId
     key_type = record.key_type
-    spend_request_token(
-        services, record, site, "mobile:ingest" if key_type is KeyType.MOBILE else "ingest", headers
-    )
+    spend_request_token(services, record, site, ingest_scope(record), headers)
     raw = await read_capped_body(request, receive)
     now_ms = services.now_ms()
     if key_type is KeyType.SERVER:

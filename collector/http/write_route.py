@@ -18,14 +18,14 @@ import msgspec
 
 from collector.access.domains import gate
 from collector.access.hostnames import utf8_header
-from collector.access.tenants import KeyRecord, KeyType, Site
+from collector.access.tenants import KeyRecord, Site
 from collector.errors import RawErrorBody, ServiceError, render_error
 from collector.http.access_log import log_request
 from collector.http.asgi import ClientGone, Receive, Request, Scope, Send, read_body, send_response
 from collector.http.headers import cors_headers, preflight_headers
 from collector.ingest.payment import text_has_card
 from collector.limits.buckets import rate_headers, refusal
-from collector.limits.rates import bucket_id, scope_rate
+from collector.limits.rates import bucket_id, ingest_scope, scope_rate
 from collector.services import Services
 from storage.errors import StorageError, WriterBusy
 
@@ -91,12 +91,7 @@ def spend_request_token(
     `site` (the matched property) decides only the signals-read rate; None
     when the site is not bound yet.
     """
-    plan = record.site_plan(site) if site is not None else record.normalized_plan
-    decision = services.limiter.check(
-        bucket_id(record.clientId, record.key_type.value, scope),
-        scope_rate(record, scope, plan),
-        services.clock(),
-    )
+    decision = services.limiter.check(*_bucket(services, record, site, scope))
     headers.extend(rate_headers(decision, scope))
     if not decision.allowed:
         raise refusal(decision, scope)
@@ -105,16 +100,15 @@ def spend_request_token(
 def peek_rate_headers(services: Services, record: KeyRecord, route: str) -> list[tuple[str, str]]:
     """The caller's rate headers for a refusal before its bucket (spec 8.2: every authenticated
     response carries them); nothing is taken from the bucket."""
-    if route == SIGNALS_ROUTE:
-        scope = "signals-read"
-    else:
-        scope = "mobile:ingest" if record.key_type is KeyType.MOBILE else "ingest"
-    decision = services.limiter.peek(
-        bucket_id(record.clientId, record.key_type.value, scope),
-        scope_rate(record, scope, record.normalized_plan),  # the site is not bound yet: the key's plan
-        services.clock(),
-    )
-    return rate_headers(decision, scope)
+    scope = "signals-read" if route == SIGNALS_ROUTE else ingest_scope(record)
+    # the site is not bound yet: the key's plan decides the rate
+    return rate_headers(services.limiter.peek(*_bucket(services, record, None, scope)), scope)
+
+
+def _bucket(services: Services, record: KeyRecord, site: Site | None, scope: str) -> tuple[str, float, float]:
+    """The caller's bucket id, its rate and the time, as RateLimiter.check and peek take them."""
+    plan = record.site_plan(site) if site is not None else record.normalized_plan
+    return bucket_id(record.clientId, record.key_type.value, scope), scope_rate(record, scope, plan), services.clock()
 
 
 async def read_capped_body(request: Request, receive: Receive) -> bytes:

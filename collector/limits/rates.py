@@ -22,6 +22,11 @@ def bucket_id(client_id: str, key_type: str, scope: str) -> str:
     return f"{client_id}:{key_type}:{scope}"
 
 
+def ingest_scope(key: KeyRecord) -> str:
+    """The bucket scope of a key's event writes (spec 8.2: mobile ingest is its own scope)."""
+    return "mobile:ingest" if key.key_type is KeyType.MOBILE else "ingest"
+
+
 def scope_rate(key: KeyRecord, scope: str, site_plan: Plan) -> float:
     package = PACKAGE_RPS[key.normalized_plan]
     scope_rps = SIGNALS_READ_RPS[site_plan] if scope == "signals-read" else package
