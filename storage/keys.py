@@ -25,7 +25,7 @@ def iter_keys(storage: Storage) -> Iterator[tuple[str, bytes]]:
 def put_keys(storage: Storage, records: Iterable[tuple[str, bytes]]) -> None:
     """Upsert many key records in one durable transaction: all or nothing."""
     rows = list(records)
-    update_keys(storage, lambda stored: dict(rows))
+    _in_write_transaction(storage, lambda txn: _put(storage, txn, rows))
 
 
 def update_keys(storage: Storage, update: Callable[[dict[str, bytes]], dict[str, bytes]]) -> None:
@@ -34,13 +34,26 @@ def update_keys(storage: Storage, update: Callable[[dict[str, bytes]], dict[str,
     For a change that depends on other keys (an import recomputes each billing
     account's terms from all of its keys). `update` may raise to write nothing.
     """
+
+    def body(txn: lmdb.Transaction) -> None:
+        stored = {bytes(k).decode(): bytes(v) for k, v in txn.cursor(db=storage.dbs.keys)}
+        _put(storage, txn, update(stored).items())
+
+    _in_write_transaction(storage, body)
+
+
+def _put(storage: Storage, txn: lmdb.Transaction, rows: Iterable[tuple[str, bytes]]) -> None:
+    for key, value in rows:
+        txn.put(key.encode(), value, db=storage.dbs.keys)
+
+
+def _in_write_transaction(storage: Storage, body: Callable[[lmdb.Transaction], None]) -> None:
+    """Run `body` in a write transaction and commit, growing or adopting the map as needed."""
     with mapped_lmdb_errors():
         while True:
             try:
                 with storage.env.begin(write=True) as txn:
-                    stored = {bytes(k).decode(): bytes(v) for k, v in txn.cursor(db=storage.dbs.keys)}
-                    for key, value in update(stored).items():
-                        txn.put(key.encode(), value, db=storage.dbs.keys)
+                    body(txn)
                 return
             except lmdb.MapFullError:
                 if not storage.grow():
