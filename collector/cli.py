@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import shutil
+import socket
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -96,16 +97,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _probe_listen(settings: Settings) -> None:
     """Bind and close the listening address before storage opens or anything logs.
 
-    A port in use or not allowed is then one line and exit 2. (The probe closes
-    at once; the server binds again. A socket handed over as fd:// and port 0
-    need no probe.)
+    A host that does not resolve, or a port in use or not allowed, is then one
+    line and exit 2. (The probe closes at once; the server binds again. A
+    socket handed over as fd:// needs no probe.)
     """
-    if settings.bind.startswith("fd://") or not settings.host_port[1]:
+    if settings.bind.startswith("fd://"):
         return
     from collector.workers import bind_listener
 
     try:
         bind_listener(settings).close()
+    except (socket.gaierror, UnicodeError):
+        host = settings.host_port[0]
+        raise UsageError(f"invalid setting: bind host {host!r} does not resolve") from None
     except OSError as exc:
         raise UsageError(f"cannot listen on {settings.bind}: {exc.strerror or exc}") from None
 

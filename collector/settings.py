@@ -9,7 +9,6 @@ from __future__ import annotations
 import enum
 import ipaddress
 import os
-import socket
 import tomllib
 from collections.abc import Mapping
 from typing import Annotated, Any
@@ -116,20 +115,16 @@ def load_settings(
 
 
 def _check_bind(bind: str) -> None:
-    """HOST:PORT with a port of 0 to 65535 (0: any free port) and a host that resolves."""
+    """HOST:PORT with a port of 0 to 65535 (0: any free port).
+
+    Whether the host resolves is found by `serve` when it binds (cli._probe_listen):
+    every other command loads the same settings and must not wait on a DNS lookup.
+    """
     if bind.startswith("fd://"):  # a worker process handed its parent's socket
         return
     host, colon, port = bind.rpartition(":")
     if not colon or not host or not port.isdigit() or int(port) > 65535:
         raise SettingsError(f"invalid setting: bind must be HOST:PORT with a port of 0 to 65535, got {bind!r}")
-    host = host.strip("[]")
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        try:
-            socket.getaddrinfo(host, None)
-        except (OSError, UnicodeError):
-            raise SettingsError(f"invalid setting: bind host {host!r} does not resolve") from None
 
 
 def load_cidrs(path: str) -> list[str]:
