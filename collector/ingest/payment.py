@@ -131,8 +131,8 @@ def has_card_iin(digits: str) -> bool:
     return False
 
 
-def looks_like_card(candidate: str) -> bool:
-    digits = candidate.replace(" ", "").replace("-", "")
+def looks_like_card(digits: str) -> bool:
+    """Whether a string of digits (separators already removed) is a card number."""
     if digits[0] not in "23456":  # no issuer starts with 0, 1, 7, 8 or 9 (timestamps do)
         return False
     return 12 <= len(digits) <= 19 and has_card_iin(digits) and luhn_valid(digits)
