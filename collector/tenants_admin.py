@@ -12,6 +12,7 @@ from collector.access import stream_tokens
 from collector.access.tenants import (
     KeyRecord,
     KeyType,
+    Plan,
     TenantsFileError,
     decode_record,
     encode_record,
@@ -34,8 +35,10 @@ def import_tenants(storage: Storage, data: bytes) -> list[KeyRecord]:
 
     In the same transaction every key of each billing account the import
     touches gets the account's terms: its `contract` (the file's keys of one
-    account may not carry different ones) and `overage` (on when any of them
-    turns it on), taken from the file's keys of that account; only an account
+    account may not carry different ones), `overage` (on when any of them
+    turns it on) and plan (paid when any of them is paid: the allowances are
+    pooled per account, so one account has one package), taken from the
+    file's keys of that account; only an account
     the file no longer names (a key moved away) takes them from its stored
     live keys. So a key that exists only in storage (a rotated key's
     replacement) follows the file instead of pinning the old terms. A revoked key stays revoked:
@@ -66,7 +69,7 @@ def import_tenants(storage: Storage, data: bytes) -> list[KeyRecord]:
 
 
 def _apply_account_terms(merged: dict[str, KeyRecord], account: str, named: list[KeyRecord]) -> set[str]:
-    """Give every key of `account` the account's contract and overage; the keys that changed.
+    """Give every key of `account` the account's contract, overage and plan; the keys that changed.
 
     `named`: the file's keys of the account, which decide (else its stored live keys).
     """
@@ -75,6 +78,7 @@ def _apply_account_terms(merged: dict[str, KeyRecord], account: str, named: list
     settled = next((r for r in live if r.accountTerms), None)
     if not named and settled is not None:  # a key moved away: the account keeps its terms
         contract, overage = settled.accountContract, settled.accountOverage
+        plan = settled.accountPlan or settled.normalized_plan
     else:
         deciding = named or live
         contracts = {_json.encode(r.contract): r for r in deciding if r.contract is not None}
@@ -86,11 +90,13 @@ def _apply_account_terms(merged: dict[str, KeyRecord], account: str, named: list
             )
         contract = next(iter(contracts.values())).contract if contracts else None
         overage = any(r.overage for r in deciding)
+        plan = Plan.PAID if any(r.normalized_plan is Plan.PAID for r in deciding) else Plan.FREE
+    terms = (contract, overage, True, plan)
     changed = set()
     for record in members:
-        if (record.accountContract, record.accountOverage, record.accountTerms) != (contract, overage, True):
+        if (record.accountContract, record.accountOverage, record.accountTerms, record.accountPlan) != terms:
             merged[record.key] = msgspec.structs.replace(
-                record, accountContract=contract, accountOverage=overage, accountTerms=True
+                record, accountContract=contract, accountOverage=overage, accountTerms=True, accountPlan=plan
             )
             changed.add(record.key)
     return changed

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 import msgspec
 
 from storage.env import Storage
-from storage.errors import mapped_lmdb_errors
+from storage.errors import StorageError, mapped_lmdb_errors
 from storage.writer import WriteContext
 
 
@@ -36,8 +36,13 @@ def encode_value(value: int) -> bytes:
 
 
 def read_counter(storage: Storage, account: str, period: str, kind: str) -> int:
+    """The units used; StorageError when the stored value is not a counter."""
+    key = counter_key(account, period, kind)
     with mapped_lmdb_errors(), storage.read() as txn:
-        return decode_value(txn.get(counter_key(account, period, kind), db=storage.dbs.counters))
+        raw = txn.get(key, db=storage.dbs.counters)
+        if not is_counter(raw):
+            raise StorageError(f"usage counter {key.decode(errors='replace')!r} is not 8 bytes")
+        return decode_value(raw)
 
 
 def iter_counters(storage: Storage) -> Iterator[tuple[str, str, str, int]]:

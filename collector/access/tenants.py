@@ -64,6 +64,7 @@ class KeyRecord(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     accountContract: Contract | None = None
     accountOverage: bool = False
     accountTerms: bool = False  # the two above are set (records imported before them have neither)
+    accountPlan: Plan | None = None  # the account's plan (paid when any of its keys is); None: older import
 
     @property
     def key_type(self) -> KeyType:

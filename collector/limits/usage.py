@@ -6,14 +6,19 @@ writes the new counters only when the decision admits the batch.
 How we read the spec's constants (also in the README):
 - Included allowances come from the package table of 8.2 (free = Explore,
   paid = Pro), replaced by the account's `contract` values where given.
+- The plan is the billing account's (paid when any of its keys is paid;
+  see tenants_admin), since the allowances it sets are pooled per account.
 - Pageview ceiling (`X-Service-Budget-Ceiling`): the included allowance while
-  overage is off; with overage on (paid accounts only) the default safety
-  ceiling of 8.4, "twice the lower-tier allowance", read as twice the
-  allowance of the tier the account is on (the tier below the overage tier,
-  where overage starts): Pro 2 x 25,000 = 50,000. A contract's
-  `pageviewCeiling` replaces it.
-- Signals Coverage: past the included units the coverage mode is `degraded`
-  unless paid overage is on; accepted non-pageview events are refused with
+  overage is off (8.3: "equals the allowance with overage off"), which a
+  contract's `pageviewCeiling` may only lower; with overage on (paid accounts
+  only) the default safety ceiling of 8.4, "twice the lower-tier allowance",
+  read as twice the allowance of the tier the account is on (the tier below
+  the overage tier, where overage starts): Pro 2 x 25,000 = 50,000, which a
+  contract's `pageviewCeiling` replaces.
+- Signals Coverage: `full` while the units used are within the included units
+  (within the coverage safety ceiling instead while paid overage is on), and
+  never past that ceiling (spec 3: "or safety ceiling reached"); `degraded`
+  beyond. Accepted non-pageview events are refused with
   `accepted_event_safety_ceiling_reached` only past the coverage safety
   ceiling, by default twice the included units (contract `coverageCeiling`
   replaces it).
@@ -61,7 +66,7 @@ class UsagePolicy(msgspec.Struct, frozen=True):
 
 
 def policy_for(key: KeyRecord) -> UsagePolicy:
-    plan = key.normalized_plan
+    plan = key.accountPlan if key.accountTerms and key.accountPlan is not None else key.normalized_plan
     pageviews, coverage = PACKAGES[plan]
     # The account's terms (operator contract: `contract` and `overage` belong to the
     # billing account); records imported before they were kept carry only their own.
@@ -74,7 +79,10 @@ def policy_for(key: KeyRecord) -> UsagePolicy:
     coverage_ceiling = 2 * coverage
     if contract is not None:
         if contract.pageviewCeiling is not None:
-            pageview_ceiling = contract.pageviewCeiling
+            # With overage off the hard stop is the allowance: a contract can only lower it.
+            pageview_ceiling = (
+                contract.pageviewCeiling if overage else min(pageview_ceiling, contract.pageviewCeiling)
+            )
         if contract.coverageCeiling is not None:
             coverage_ceiling = contract.coverageCeiling
     return UsagePolicy(
@@ -119,17 +127,22 @@ def billing_period(now_ms: int) -> str:
 
 
 def _pageview_mode(policy: UsagePolicy, used: int) -> BillingMode:
+    if used > policy.pageview_ceiling:  # only after the terms were lowered mid-period
+        return BillingMode.BLOCKED
     if used <= policy.pageview_included:
         return BillingMode.FULL
-    if used <= policy.pageview_ceiling and policy.overage:
-        return BillingMode.METERED_OVERAGE
-    return BillingMode.BLOCKED
+    return BillingMode.METERED_OVERAGE if policy.overage else BillingMode.BLOCKED
+
+
+def _full_coverage_limit(policy: UsagePolicy) -> int:
+    """The most coverage units that still leave the coverage mode `full`."""
+    if policy.overage:
+        return policy.coverage_ceiling
+    return min(policy.coverage_included, policy.coverage_ceiling)
 
 
 def _coverage_mode(policy: UsagePolicy, used: int) -> CoverageMode:
-    if used < policy.coverage_included or (policy.overage and used < policy.coverage_ceiling):
-        return CoverageMode.FULL
-    return CoverageMode.DEGRADED
+    return CoverageMode.FULL if used <= _full_coverage_limit(policy) else CoverageMode.DEGRADED
 
 
 def decide(
@@ -146,7 +159,12 @@ def decide(
     if add_pageviews and pageviews > policy.pageview_ceiling:
         return UsageRefusal(
             code="usage_limit_exceeded",
-            reason="safety_ceiling_reached" if policy.overage else "included_limit_reached",
+            # The allowance itself stops it only with overage off and no lower contract ceiling.
+            reason=(
+                "included_limit_reached"
+                if not policy.overage and policy.pageview_ceiling == policy.pageview_included
+                else "safety_ceiling_reached"
+            ),
             period=period,
             used=used_pageviews,
             included=policy.pageview_included,
@@ -194,8 +212,7 @@ def coverage_read_allowed(policy: UsagePolicy, used: int, units: int) -> bool:
     """May a signals read spend `units` more (spec 3: otherwise it is degraded)?
 
     Within the included units, or within the coverage safety ceiling while
-    paid overage is on.
+    paid overage is on, and never past that ceiling: the same limit as the
+    coverage mode, so a read is full exactly when the mode after it is.
     """
-    # The same thresholds as the coverage mode: full while the last unit spent
-    # would still have been a full one.
-    return _coverage_mode(policy, used + units - 1) is CoverageMode.FULL
+    return used + units <= _full_coverage_limit(policy)

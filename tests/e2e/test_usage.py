@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import calendar
 import json
+import sys
 from pathlib import Path
 
 import trio
@@ -128,9 +129,13 @@ async def test_coverage_headers_and_the_accepted_event_ceiling(nursery: trio.Nur
     server = await start_server(nursery, tmp_path, tenants)
     first = await send(server, FREE, [click("c1"), click("c2")])
     assert first.headers["X-Service-Signals-Coverage-Used"] == "2"
-    assert first.headers["X-Service-Signals-Coverage-Mode"] == "degraded"
+    # At the allowance it is still full (as the pageview mode is); past it, degraded.
+    assert first.headers["X-Service-Signals-Coverage-Mode"] == "full"
     assert first.headers["X-Service-Signals-Coverage-Ceiling"] == "3"
-    stop = await send(server, FREE, [click("c3"), click("c4")])
+    past = await send(server, FREE, [click("c3")])
+    assert past.status_code == 202
+    assert past.headers["X-Service-Signals-Coverage-Mode"] == "degraded"
+    stop = await send(server, FREE, [click("c4")])
     assert stop.status_code == 429
     assert stop.json()["error"] == "accepted_event_safety_ceiling_reached"
     assert stop.headers["X-Service-Budget-Type"] == "accepted-events"
@@ -184,3 +189,90 @@ async def test_a_contract_and_overage_belong_to_the_billing_account(nursery: tri
     run_cli("tenants", "import", str(changed), data_dir=server.data_dir)
     listed = {r["key"]: r for r in map(json.loads, run_cli("tenants", "list", data_dir=server.data_dir).stdout.splitlines())}
     assert listed[twin]["accountContract"] == {"monthlyPageviews": 200} and not listed[twin].get("accountOverage")
+
+
+async def test_with_overage_off_a_higher_contract_ceiling_does_not_pass_the_allowance(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # Spec 3: with overage off, a batch that would exceed the allowance is refused (429, accepted 0);
+    # 8.3: the Budget-Ceiling "equals the allowance with overage off".
+    capped = "cs_live_capped00000"
+    tenants = {"keys": [{"key": capped, "clientId": "capped", "plan": "paid", "rateLimit": 5000,
+                         "sites": [{"siteId": "c", "domains": ["shop.example"]}],
+                         "contract": {"monthlyPageviews": 5, "pageviewCeiling": 8}}]}
+    server = await start_server(nursery, tmp_path, tenants)
+    full = await send(server, capped, [pageview(f"c{i}") for i in range(5)])
+    assert full.status_code == 202
+    assert (full.headers["X-Service-Billing-Mode"], full.headers["X-Service-Budget-Ceiling"]) == ("full", "5")
+    refused = await send(server, capped, [pageview("c5"), pageview("c6")])
+    assert refused.status_code == 429
+    assert (refused.json()["reason"], refused.json()["accepted"]) == ("included_limit_reached", 0)
+    assert refused.headers["X-Service-Billing-Mode"] == "blocked"
+
+
+async def test_signals_reads_degrade_at_a_coverage_ceiling_below_the_allowance(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # Spec 3: a read is degraded when coverage is exhausted "or safety ceiling reached".
+    low = "cs_live_lowceil0000"
+    tenants = {"keys": [{"key": low, "clientId": "low", "plan": "paid", "rateLimit": 5000,
+                         "sites": [{"siteId": "l", "domains": ["shop.example"]}],
+                         "contract": {"signalsCoverage": 10, "coverageCeiling": 4}}]}
+    server = await start_server(nursery, tmp_path, tenants)
+    clicks = await send(server, low, [click(f"k{i}") for i in range(4)])
+    assert clicks.headers["X-Service-Signals-Coverage-Used"] == "4"
+    assert clicks.headers["X-Service-Signals-Coverage-Mode"] == "full"
+    read = await server.client.get("/v1/signals/v1", params={"sessionId": "s1"}, headers=headers(low))
+    assert read.status_code == 200
+    assert read.json()["coverageMode"] == "degraded"
+    assert read.headers["X-Service-Signals-Coverage-Used"] == "4"  # a degraded read spends nothing
+
+
+async def test_a_billing_account_has_one_plan(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # A free and a paid key pool into one account: the account is paid (any key paid), so both
+    # report the same terms, and the overage the paid key turned on is invoiced.
+    free_key, paid_key = "cs_live_mixa0000000", "cs_live_mixb0000000"
+    tenants = {"keys": [
+        {"key": free_key, "clientId": "mix-a", "billingAccount": "mix", "plan": "free", "rateLimit": 5000,
+         "sites": [{"siteId": "a", "domains": ["shop.example"]}], "contract": {"monthlyPageviews": 5}},
+        {"key": paid_key, "clientId": "mix-b", "billingAccount": "mix", "plan": "paid", "overage": True,
+         "rateLimit": 5000, "sites": [{"siteId": "b", "domains": ["shop.example"]}],
+         "contract": {"monthlyPageviews": 5}},
+    ]}
+    server = await start_server(nursery, tmp_path, tenants)
+    over = await send(server, paid_key, [pageview(f"m{i}") for i in range(8)])
+    assert over.headers["X-Service-Billing-Mode"] == "metered_overage"
+    other = await send(server, free_key, [click("m-click")])
+    assert other.status_code == 202
+    assert (other.headers["X-Service-Billing-Mode"], other.headers["X-Service-Budget-Ceiling"]) == (
+        "metered_overage", "10")
+    shown = [json.loads(line) for line in run_cli("usage", "show", "--account", "mix",
+                                                   data_dir=server.data_dir).stdout.splitlines()]
+    assert {row["unit"]: row["mode"] for row in shown}["pageview"] == "metered_overage"
+    period = over.headers["X-Service-Billing-Period"]
+    invoice = [json.loads(line) for line in run_cli("usage", "invoice", "--period", period,
+                                                     data_dir=server.data_dir).stdout.splitlines()]
+    line = next(row for row in invoice if row.get("account") == "mix" and row.get("unit") == "pageview")
+    assert (line["overage"], line["amount_usd"]) == (3, 50)
+
+
+async def test_an_unreadable_counter_is_503_even_when_nothing_is_admitted(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # Spec 7.2: counters unreadable -> 503 usage_metering_unavailable, never a guessed usage figure.
+    server = await start_server(nursery, tmp_path, TENANTS)
+    first = await send(server, FREE, [pageview("u1")])
+    period = first.headers["X-Service-Billing-Period"]
+    # Another process writes the bad value (LMDB refuses a second open of the environment here).
+    corrupt = (
+        "import lmdb, sys\n"
+        "env = lmdb.open(sys.argv[1], max_dbs=32)\n"
+        "with env.begin(write=True) as txn:\n"
+        "    txn.put(sys.argv[2].replace('/', '\\x00').encode(), b'\\x01\\x02\\x03', db=env.open_db(b'counters', txn=txn))\n"
+    )
+    await trio.run_process([sys.executable, "-c", corrupt, str(server.data_dir), f"freeco/{period}/coverage"])
+    checkout = {"type": "form", "formId": "checkout", "action": "submit", "fieldCount": 1, "values": {"x": "y"}}
+    dropped_only = await send(server, FREE, [pageview("u2", **checkout)])
+    assert dropped_only.status_code == 503, dropped_only.text
+    assert dropped_only.json()["error"] == "usage_metering_unavailable"
+    assert dropped_only.headers["Retry-After"] == "5"

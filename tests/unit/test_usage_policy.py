@@ -14,6 +14,7 @@ from collector.limits.usage import (
     UsageRefusal,
     UsageSnapshot,
     billing_period,
+    coverage_read_allowed,
     decide,
     policy_for,
 )
@@ -39,9 +40,60 @@ def test_package_allowances_and_ceilings() -> None:
 
 
 def test_contract_replaces_package_values() -> None:
-    policy = policy_for(key(plan="free", contract=Contract(monthlyPageviews=10, pageviewCeiling=12)))
+    policy = policy_for(key(plan="paid", overage=True, contract=Contract(monthlyPageviews=10, pageviewCeiling=12)))
     assert (policy.pageview_included, policy.pageview_ceiling) == (10, 12)
-    assert policy.coverage_included == 25_000
+    assert policy.coverage_included == 250_000
+
+
+def test_with_overage_off_a_contract_ceiling_can_only_lower_the_stop() -> None:
+    # Spec 8.3: the Budget-Ceiling "equals the allowance with overage off".
+    above = policy_for(key(plan="paid", contract=Contract(monthlyPageviews=5, pageviewCeiling=8)))
+    assert above.pageview_ceiling == 5
+    refused = decide(above, "p", used_pageviews=5, used_coverage=0, add_pageviews=2, add_coverage=0)
+    assert isinstance(refused, UsageRefusal) and refused.reason == "included_limit_reached"
+    below = policy_for(key(plan="paid", contract=Contract(monthlyPageviews=5, pageviewCeiling=3)))
+    assert below.pageview_ceiling == 3
+    stop = decide(below, "p", used_pageviews=3, used_coverage=0, add_pageviews=1, add_coverage=0)
+    assert isinstance(stop, UsageRefusal) and stop.reason == "safety_ceiling_reached"
+
+
+@given(
+    used=st.integers(0, 20),
+    add=st.integers(1, 5),
+    overage=st.booleans(),
+    allowance=st.integers(0, 12),
+    ceiling=st.integers(0, 15) | st.none(),
+)
+def test_an_admitted_batch_never_reports_blocked(
+    used: int, add: int, overage: bool, allowance: int, ceiling: int | None
+) -> None:
+    policy = policy_for(
+        key(plan="paid", overage=overage, contract=Contract(monthlyPageviews=allowance, pageviewCeiling=ceiling))
+    )
+    verdict = decide(policy, "p", used_pageviews=used, used_coverage=0, add_pageviews=add, add_coverage=0)
+    if isinstance(verdict, UsageSnapshot):
+        assert verdict.billing_mode is not BillingMode.BLOCKED
+        assert verdict.pageviews_used <= policy.pageview_ceiling
+
+
+def test_coverage_is_full_up_to_the_allowance_and_never_past_the_ceiling() -> None:
+    free = policy_for(key(plan="free", contract=Contract(signalsCoverage=2, coverageCeiling=3)))
+    at = decide(free, "p", used_pageviews=0, used_coverage=0, add_pageviews=0, add_coverage=2)
+    assert isinstance(at, UsageSnapshot) and at.coverage_mode is CoverageMode.FULL
+    assert coverage_read_allowed(free, 1, 1) and not coverage_read_allowed(free, 2, 1)
+    # a ceiling below the allowance ends full coverage there (spec 3: "or safety ceiling reached")
+    low = policy_for(key(plan="paid", contract=Contract(signalsCoverage=10, coverageCeiling=4)))
+    assert coverage_read_allowed(low, 3, 1) and not coverage_read_allowed(low, 4, 1)
+    at_ceiling = decide(low, "p", used_pageviews=0, used_coverage=0, add_pageviews=0, add_coverage=4)
+    assert isinstance(at_ceiling, UsageSnapshot) and at_ceiling.coverage_mode is CoverageMode.FULL
+    low_overage = policy_for(key(plan="paid", overage=True, contract=Contract(signalsCoverage=10, coverageCeiling=4)))
+    assert not coverage_read_allowed(low_overage, 4, 1)
+
+
+def test_the_account_plan_decides_metering() -> None:
+    # A free key of an account whose plan (set by the import) is paid meters on the paid package.
+    policy = policy_for(key(plan="free", overage=True, accountTerms=True, accountOverage=True, accountPlan="paid"))
+    assert (policy.plan.value, policy.overage, policy.pageview_included) == ("paid", True, 25_000)
 
 
 def test_billing_account_pools() -> None:
