@@ -2,7 +2,10 @@
 
 Written inside the admitting transaction of a `_consent_transition` event
 (from POST /v1/consent or /v1/events); a state older than the one stored
-never replaces it, so a late retry cannot undo a newer decision.
+never replaces it, so a late retry cannot undo a newer decision. Field by
+field: a decision that leaves `identityResolution` or `thirdPartySharing`
+out keeps the one decided before (an omission is not a grant), and an older
+decision arriving late still fills in a field the newer one left out.
 """
 
 from __future__ import annotations
@@ -38,8 +41,20 @@ def decode(raw: bytes | memoryview) -> RecordedConsent:
     return _decoder.decode(raw)
 
 
-def newer(candidate: RecordedConsent, stored_raw: bytes | memoryview | None) -> bool:
-    return stored_raw is None or candidate.at_ms >= decode(stored_raw).at_ms
+def merged(candidate: RecordedConsent, stored_raw: bytes | memoryview | None) -> RecordedConsent | None:
+    """The record once `candidate` is applied; None when it stays as stored."""
+    if stored_raw is None:
+        return candidate
+    stored = decode(stored_raw)
+    newer, older = (candidate, stored) if candidate.at_ms >= stored.at_ms else (stored, candidate)
+    result = RecordedConsent(
+        newer.at_ms,
+        newer.analytics,
+        newer.identity_resolution if newer.identity_resolution is not None else older.identity_resolution,
+        newer.third_party_sharing if newer.third_party_sharing is not None else older.third_party_sharing,
+        newer.eid,
+    )
+    return None if result == stored else result
 
 
 def read_consent(storage: Storage, client_id: str, site_id: str, visitor_id: str) -> RecordedConsent | None:

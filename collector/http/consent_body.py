@@ -9,8 +9,12 @@ visitor's decision:
 
 `visitorId` and `consent.analytics` are required; `sessionId` defaults to
 "consent" and `timestamp` to the time of receipt (`consent.timestamp` to
-`timestamp`). Without `_eid` the id is `consent:<visitorId>:<timestamp>`, so a
-retry of the same decision is a duplicate. The event runs through the same
+`timestamp`). Without `_eid` the id is `consent:<visitorId>:<timestamp>` (its
+BLAKE2b-128 hex digest after `consent:` when that is over the spec's 128
+characters), so a retry of the same timestamped decision is a duplicate; a
+request without `timestamp` but with an `Idempotency-Key` header takes the
+header's id instead, and one with neither is a new decision each time it is
+sent (two identical requests may be a visitor deciding twice). The event runs through the same
 gate, site scope, validation and admission as POST /v1/events; admission also
 records it as the visitor's latest consent (a newer decision is never
 replaced by an older one). It never carries page content and counts toward no
@@ -19,6 +23,7 @@ allowance.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import msgspec
@@ -38,7 +43,17 @@ _decoder = msgspec.json.Decoder(ConsentBody)
 _encoder = msgspec.json.Encoder()
 
 
-def consent_to_event(body: bytes, *, now_ms: int) -> tuple[bytes, bytes]:
+MAX_ID = 128  # spec 8.1
+
+
+def _generated_id(visitor_id: str, timestamp: float) -> str:
+    eid = f"consent:{visitor_id}:{int(timestamp)}"
+    if len(eid) <= MAX_ID:
+        return eid
+    return "consent:" + hashlib.blake2b(eid.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+def consent_to_event(body: bytes, *, now_ms: int, idempotency_key: str | None = None) -> tuple[bytes, bytes]:
     """The `_consent_transition` event body and its content identity (see edge_to_event).
 
     Raises ServiceError on a bad body.
@@ -47,12 +62,15 @@ def consent_to_event(body: bytes, *, now_ms: int) -> tuple[bytes, bytes]:
     timestamp = request.timestamp if request.timestamp is not None else now_ms
     consent = dict(request.consent)
     consent.setdefault("timestamp", timestamp)
-    event = {
+    event: dict[str, Any] = {
         "type": "_consent_transition",
-        "_eid": request.eid or f"consent:{request.visitorId}:{int(timestamp)}",
         "visitorId": request.visitorId,
         "sessionId": request.sessionId,
         "timestamp": timestamp,
         "consent": consent,
     }
+    if request.eid:
+        event["_eid"] = request.eid
+    elif request.timestamp is not None or not (idempotency_key and idempotency_key.strip()):
+        event["_eid"] = _generated_id(request.visitorId, timestamp)
     return _encoder.encode(event), _encoder.encode(request)

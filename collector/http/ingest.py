@@ -35,6 +35,7 @@ from collector.http.write_route import (
 )
 from collector.ingest import decompress_body, prepare_batch, refuse_payment_data
 from collector.ingest.bots import request_evidence
+from collector.ingest.consent import IdentityConsent
 from collector.ingest.model import AcceptedEvent, IngestContext, MeterKind, PreparedBatch
 from collector.limits.rates import ingest_scope
 from collector.limits.usage import (
@@ -140,21 +141,22 @@ async def _ingest(
             if site is None:
                 site = bind_page_site(record, page_url)
         else:
-            body, content_identity = consent_to_event(body, now_ms=now_ms)
+            body, content_identity = consent_to_event(body, now_ms=now_ms, idempotency_key=idempotency_key)
     assert site is not None  # bound by the gate, or from the edge page above
     storage = services.storage
     client_id, site_id = record.clientId, site.siteId
 
     # A batch repeats its visitor, and the recorded consent cannot change
     # before this request's own admission: one LMDB read per visitor.
-    denials: dict[str, bool] = {}
+    identities: dict[str, IdentityConsent | None] = {}
 
-    def identity_denial(visitor_id: str) -> bool:
-        denied = denials.get(visitor_id)
-        if denied is None:
+    def recorded_identity(visitor_id: str) -> IdentityConsent | None:
+        if visitor_id not in identities:
             recorded = read_consent(storage, client_id, site_id, visitor_id)
-            denied = denials[visitor_id] = recorded is not None and recorded.identity_resolution is False
-        return denied
+            identities[visitor_id] = (
+                IdentityConsent(recorded.at_ms, recorded.identity_resolution) if recorded is not None else None
+            )
+        return identities[visitor_id]
 
     context = IngestContext(
         client_id=record.clientId,
@@ -166,7 +168,7 @@ async def _ingest(
         content_identity=content_identity,
         strict_consent=site.strictConsent,
         sealer=services.sealer,
-        identity_denial=identity_denial,
+        recorded_identity=recorded_identity,
         bots=services.bots,
         bot_evidence=request_evidence(
             hdr, services.proxies.client_address(request.client_ip, hdr.get("x-forwarded-for")), services.bots

@@ -6,8 +6,17 @@
   are kept (they carry no page content and count toward no allowance).
 - An identify event is dropped when identity-resolution consent is denied,
   either by the event's own `consent.identityResolution: false` or by the
-  visitor's latest recorded consent (POST /v1/consent or an earlier
-  `_consent_transition`): no identity value is stored. Either denial wins.
+  visitor's latest consent: the recorded one (POST /v1/consent or an earlier
+  request's `_consent_transition`) together with the transitions earlier in
+  the same request. No identity value is stored. Either denial wins.
+- "Latest", field by field: each of `identityResolution` and
+  `thirdPartySharing` comes from the newest decision that states it, so a
+  decision that leaves one out (`{"analytics": false}`) does not erase an
+  earlier denial. Ties in time go to the later arrival.
+- A decision's time is `consent.timestamp`, else the event's timestamp; one
+  more than the allowed skew ahead of the server clock (or absurd) is the time
+  of receipt, so a fast client clock cannot pin the record against every later
+  decision (spec 2.2: the server overrides a skewed timestamp).
 Pure functions; the recorded state is looked up by the caller.
 """
 
@@ -18,6 +27,28 @@ from collections.abc import Callable
 import msgspec
 
 from collector.ingest.schema import AnyEvent, ConsentTransition, Identify
+
+SKEW_MS = 5 * 60 * 1000  # spec 2.2: a client timestamp further off than this is overridden
+
+
+class IdentityConsent(msgspec.Struct, frozen=True, array_like=True):
+    """When a visitor last decided, and its identity-resolution decision (None: not stated)."""
+
+    at_ms: int
+    identity_resolution: bool | None
+
+
+def later_identity(first: IdentityConsent | None, second: IdentityConsent) -> IdentityConsent:
+    """The two decisions combined: the newer one's identity choice, else the older one's.
+
+    `second` arrived later and wins a tie in time.
+    """
+    if first is None:
+        return second
+    newer, older = (first, second) if first.at_ms > second.at_ms else (second, first)
+    if newer.identity_resolution is None:
+        return IdentityConsent(newer.at_ms, older.identity_resolution)
+    return newer
 
 
 class ConsentState(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -41,24 +72,46 @@ def consent_drop_reason(event: AnyEvent, strict: bool) -> str | None:
     return None
 
 
-def identity_denied(event: AnyEvent, recorded_denial: Callable[[str], bool] | None) -> bool:
-    """True for an identify event that must not be stored (identity consent denied)."""
+RecordedIdentity = Callable[[str], IdentityConsent | None]
+
+
+def identity_denied(
+    event: AnyEvent, recorded: RecordedIdentity | None, in_request: dict[str, IdentityConsent] | None = None
+) -> bool:
+    """True for an identify event that must not be stored (identity consent denied).
+
+    `recorded`: the visitor's stored decision; `in_request`: the combined
+    decisions of the request's transitions before this event, by visitor.
+    """
     if not isinstance(event, Identify):
         return False
     if event.consent is not None and event.consent.identityResolution is False:
         return True
-    return recorded_denial is not None and recorded_denial(event.visitorId)
+    latest = recorded(event.visitorId) if recorded is not None else None
+    pending = in_request.get(event.visitorId) if in_request else None
+    if pending is not None:
+        latest = later_identity(latest, pending)
+    return latest is not None and latest.identity_resolution is False
 
 
-def state_of(event: ConsentTransition, eid: str) -> ConsentState | None:
+def decision_time(event: ConsentTransition, now_ms: int) -> int:
+    """When the visitor decided, as the record orders decisions (see the module notes)."""
+    at = event.consent.timestamp if event.consent is not None and event.consent.timestamp is not None else None
+    if at is None:
+        at = event.timestamp
+    if not 0 <= at <= now_ms + SKEW_MS:  # also inf and 4,000-digit integers
+        return now_ms if at > 0 else 0
+    return int(at)
+
+
+def state_of(event: ConsentTransition, eid: str, now_ms: int) -> ConsentState | None:
     consent = event.consent
     if consent is None:
         return None
-    at = consent.timestamp if consent.timestamp is not None else event.timestamp
     return ConsentState(
         visitor_id=event.visitorId,
         analytics=consent.analytics,
-        at_ms=int(at),
+        at_ms=decision_time(event, now_ms),
         eid=eid,
         identityResolution=consent.identityResolution,
         thirdPartySharing=consent.thirdPartySharing,

@@ -15,7 +15,7 @@ import msgspec
 
 if TYPE_CHECKING:
     from collector.ingest.bots import BotClassifier, RequestEvidence
-    from collector.ingest.consent import ConsentState
+    from collector.ingest.consent import ConsentState, IdentityConsent
     from collector.ingest.sealing import FieldSealer
 
 
@@ -41,8 +41,8 @@ class IngestContext(msgspec.Struct, frozen=True, kw_only=True):
     edge: bool = False  # body is a POST /v1/edge/pageview body, not an events body
     strict_consent: bool = False  # the bound property drops events without analytics consent
     sealer: FieldSealer | None = None  # seals form values and raw identity fields
-    # visitorId -> True when the visitor's recorded consent denies identity resolution
-    identity_denial: Callable[[str], bool] | None = None
+    # visitorId -> the visitor's recorded identity-resolution decision, None when there is none
+    recorded_identity: Callable[[str], IdentityConsent | None] | None = None
     bots: BotClassifier | None = None  # None: every event is classified human
     bot_evidence: RequestEvidence | None = None  # computed once per request
 

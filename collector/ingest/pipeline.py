@@ -16,7 +16,14 @@ import msgspec
 import xxhash
 
 from collector.errors import ServiceError
-from collector.ingest.consent import consent_drop_reason, identity_denied, state_of
+from collector.ingest.consent import (
+    SKEW_MS,
+    IdentityConsent,
+    consent_drop_reason,
+    identity_denied,
+    later_identity,
+    state_of,
+)
 from collector.ingest.keyprobe import keys_known, opaque_values
 from collector.ingest.model import (
     AcceptedEvent,
@@ -51,7 +58,6 @@ from collector.ingest.validate import check_event, rewrite_platform
 MAX_BATCH = 25
 MAX_STORED_EVENT = 120_000
 MAX_IDEMPOTENCY_KEY = 512
-SKEW_MS = 5 * 60 * 1000
 MAX_CLIENT_TS = 2**53  # JavaScript's safe integers
 
 _event_decoder = msgspec.json.Decoder(AnyEvent)  # type: ignore[arg-type]
@@ -269,6 +275,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
     dropped: list[DroppedEvent] = []
     missing_ids: list[int] = []
     verdicts: dict[object, BotInfo] = {}
+    decided: dict[str, IdentityConsent] = {}  # this request's consent transitions so far, by visitor
     strict_consent = ctx.strict_consent
     for index, event in enumerate(events):
         if isinstance(event, EventIssue):
@@ -289,7 +296,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
         # (Each rule is called only for the events it can concern: a batch
         # pays for every call 25 times.)
         drop = consent_drop_reason(event, True) if strict_consent else None
-        if drop is None and isinstance(event, Identify) and identity_denied(event, ctx.identity_denial):
+        if drop is None and isinstance(event, Identify) and identity_denied(event, ctx.recorded_identity, decided):
             drop = "identity_consent_denied"
         withheld = None
         to_store = event
@@ -329,6 +336,14 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
                 "batch_too_large",
                 f"event {index} is {len(stored)} bytes after enrichment, over {MAX_STORED_EVENT}",
             )
+        consent_state = None
+        if isinstance(event, ConsentTransition):
+            consent_state = state_of(event, eid, ctx.now_ms)
+            if consent_state is not None:
+                visitor = event.visitorId
+                decided[visitor] = later_identity(
+                    decided.get(visitor), IdentityConsent(consent_state.at_ms, consent_state.identityResolution)
+                )
         accepted.append(
             AcceptedEvent(
                 index,
@@ -339,7 +354,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
                 _meter(event, bot),
                 is_bot=bot.isBot,
                 bot_category=bot.category,
-                consent_state=state_of(event, eid) if isinstance(event, ConsentTransition) else None,
+                consent_state=consent_state,
                 visitor_id=to_store.visitorId,
                 event_ms=int(event.timestamp),
             )

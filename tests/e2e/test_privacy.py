@@ -12,6 +12,7 @@ import os
 import stat
 from pathlib import Path
 
+import httpx
 import trio
 
 from tests.conftest import STAMP, RunningServer, pageview, start_server
@@ -130,6 +131,55 @@ async def test_consent_route_records_and_denies_identity(nursery: trio.Nursery, 
     transition = stored[f"consent:v1:{STAMP}"]["event"]
     assert transition["type"] == "_consent_transition"  # type: ignore[index]
     assert "page" not in transition  # type: ignore[operator]
+
+
+async def test_consent_decisions_in_order_in_time_and_in_part(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await started(nursery, tmp_path)
+    now = STAMP
+
+    async def consent(body: dict[str, object], **headers: str) -> httpx.Response:
+        response = await server.client.post("/v1/consent", json=body, headers={**ACME, **headers})
+        assert response.status_code == 202, response.text
+        return response
+
+    async def identity_dropped(visitor: str, eid: str) -> bool:
+        body = (await server.client.post("/v1/events", json=identify(eid, visitorId=visitor), headers=ACME)).json()
+        return bool(body["dropped"])
+
+    # A denial earlier in the same batch keeps a later identify of that visitor out.
+    batch = {"events": [
+        {"type": "_consent_transition", "_eid": "ct-b", "visitorId": "vb", "sessionId": "s1", "timestamp": now,
+         "consent": {"analytics": True, "identityResolution": False}},
+        identify("id-b", visitorId="vb"),
+    ]}
+    body = (await server.client.post("/v1/events", json=batch, headers=ACME)).json()
+    assert (body["accepted"], body["dropped"]) == (1, 1)
+    # A client clock a day fast does not pin the record against the real, later denial.
+    await consent({"visitorId": "vf", "timestamp": now + 86_400_000,
+                   "consent": {"analytics": True, "identityResolution": True}})
+    await trio.sleep(0.01)
+    await consent({"visitorId": "vf", "consent": {"analytics": True, "identityResolution": False}})
+    assert await identity_dropped("vf", "id-f")
+    # An absurd consent time is the time of receipt, not a 503 for the whole request.
+    wild = await server.client.post("/v1/consent", json={"visitorId": "vw", "consent": {"analytics": True,
+                                                                                        "timestamp": 1e300}},
+                                    headers=ACME)
+    assert wild.status_code == 202, wild.text
+    # A later decision that leaves identityResolution out keeps the earlier denial.
+    await consent({"visitorId": "vp", "timestamp": now, "consent": {"analytics": True, "identityResolution": False}})
+    await consent({"visitorId": "vp", "timestamp": now + 1, "consent": {"analytics": False}})
+    assert await identity_dropped("vp", "id-p")
+    # A visitor id of the spec's full 128 characters can record a decision (the generated id is digested).
+    long_visitor = "v" * 128
+    await consent({"visitorId": long_visitor, "timestamp": now, "consent": {"analytics": True,
+                                                                            "identityResolution": False}})
+    assert await identity_dropped(long_visitor, "id-long")
+    # Without a timestamp an Idempotency-Key makes the retry a duplicate.
+    undated = {"visitorId": "vk", "consent": {"analytics": True}}
+    first = await consent(undated, **{"Idempotency-Key": "consent-once"})
+    await trio.sleep(0.01)
+    retry = await consent(undated, **{"Idempotency-Key": "consent-once"})
+    assert (first.json()["accepted"], retry.json()["duplicates"]) == (1, 1)
 
 
 async def test_consent_route_refusals(nursery: trio.Nursery, tmp_path: Path) -> None:

@@ -7,7 +7,13 @@ import json
 import msgspec
 import pytest
 
-from collector.ingest.consent import consent_drop_reason, identity_denied
+from collector.ingest.consent import (
+    IdentityConsent,
+    consent_drop_reason,
+    decision_time,
+    identity_denied,
+    later_identity,
+)
 from collector.ingest.privacy import (
     apply_form_floor,
     classify_field_name,
@@ -89,10 +95,36 @@ def test_consent_rules() -> None:
     transition = decode(type="_consent_transition", consent={"analytics": False}, page=None)
     assert consent_drop_reason(transition, strict=True) is None
     ident = decode(type="identify", hem="a" * 64)
-    assert not identity_denied(ident, None) and identity_denied(ident, lambda visitor: visitor == "v")
+    denied = IdentityConsent(100, False)
+    assert not identity_denied(ident, None)
+    assert identity_denied(ident, lambda visitor: denied if visitor == "v" else None)
     assert identity_denied(decode(type="identify", hem="a" * 64,
                                   consent={"analytics": True, "identityResolution": False}), None)
-    assert not identity_denied(decode(), lambda visitor: True)  # only identify events carry identity
+    assert not identity_denied(decode(), lambda visitor: denied)  # only identify events carry identity
+    # The request's own earlier transitions count, newest decision first
+    assert identity_denied(ident, None, {"v": denied})
+    assert not identity_denied(ident, lambda v: denied, {"v": IdentityConsent(200, True)})
+    assert identity_denied(ident, lambda v: denied, {"v": IdentityConsent(50, True)})  # a late, older grant
+    assert identity_denied(ident, lambda v: denied, {"v": IdentityConsent(200, None)})  # omitted is no grant
+
+
+def test_later_identity_takes_each_choice_from_the_newest_decision_that_states_it() -> None:
+    assert later_identity(None, IdentityConsent(5, None)) == IdentityConsent(5, None)
+    assert later_identity(IdentityConsent(5, False), IdentityConsent(9, True)) == IdentityConsent(9, True)
+    assert later_identity(IdentityConsent(9, False), IdentityConsent(5, True)) == IdentityConsent(9, False)
+    assert later_identity(IdentityConsent(5, False), IdentityConsent(9, None)) == IdentityConsent(9, False)
+    assert later_identity(IdentityConsent(5, True), IdentityConsent(5, False)) == IdentityConsent(5, False)
+
+
+def test_a_fast_or_absurd_client_clock_is_the_time_of_receipt() -> None:
+    now = 1_800_000_000_000
+    at = lambda **fields: decision_time(  # noqa: E731
+        decode(type="_consent_transition", page=None, **fields), now)
+    assert at(timestamp=now - 1000, consent={"analytics": True}) == now - 1000
+    assert at(timestamp=now, consent={"analytics": True, "timestamp": now - 86_400_000}) == now - 86_400_000
+    assert at(timestamp=now + 86_400_000, consent={"analytics": True}) == now
+    assert at(timestamp=now, consent={"analytics": True, "timestamp": 1e300}) == now
+    assert at(timestamp=now, consent={"analytics": True, "timestamp": -5}) == 0
 
 
 def test_sealing_binds_value_to_its_place() -> None:
