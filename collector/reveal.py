@@ -9,9 +9,10 @@ reveals nothing.
 
 from __future__ import annotations
 
-import getpass
 import os
+import pwd
 import time
+import unicodedata
 from typing import Any
 
 import msgspec
@@ -29,14 +30,34 @@ class RevealError(Exception):
 
 
 def operator_identity() -> str:
-    """The OS user running the command, and the sudo user behind it when there is one."""
+    """Who runs the command, from what the process cannot simply be told.
+
+    The user is the real uid's account (getpass.getuser() would read LOGNAME
+    and USER first, which anyone can set); the login name comes from the
+    terminal's utmp record when there is one. SUDO_USER is only an environment
+    variable, so it is recorded as a claim, and only under uid 0 (where sudo sets it).
+    """
+    uid = os.getuid()
     try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
         user = "unknown"
-    who = f"{user} (uid {os.getuid()})"
+    who = f"{user} (uid {uid})"
+    try:
+        login = os.getlogin()
+    except OSError:
+        login = None
+    if login and login != user:
+        who += f", logged in as {login}"
     sudo_user = os.environ.get("SUDO_USER")
-    return f"{who} via sudo from {sudo_user}" if sudo_user else who
+    if uid == 0 and sudo_user:
+        who += f", SUDO_USER={sudo_user!r} (from the environment)"
+    return who
+
+
+def _visible_length(text: str) -> int:
+    # Zero-width and other format, control and separator characters say nothing.
+    return sum(1 for char in text if unicodedata.category(char)[0] not in "CZ")
 
 
 def sealed_paths(event: dict[str, Any]) -> list[str]:
@@ -49,8 +70,8 @@ def reveal(
     storage: Storage, sealer: FieldSealer, receipt_id: str, *, reason: str, who: str
 ) -> tuple[dict[str, Any], AuditEntry]:
     """The event with its sealed values opened, and the audit entry written first."""
-    if len(reason.strip()) < MIN_REASON:
-        raise RevealError(f"--reason must say why, in at least {MIN_REASON} characters")
+    if _visible_length(reason) < MIN_REASON:
+        raise RevealError(f"--reason must say why, in at least {MIN_REASON} visible characters")
     seq = receipt_seq(receipt_id)
     record = read_record(storage, seq) if seq is not None else None
     if record is None or record.receipt_id != receipt_id:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,11 +11,16 @@ from pathlib import Path
 import trio
 
 
-def run_cli(*args: str, data_dir: Path | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, data_dir: Path | None = None, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`env`: variables set on top of this process's environment."""
     argv = [sys.executable, "-m", "collector", *args]
     if data_dir is not None:
         argv += ["--data-dir", str(data_dir)]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        argv, capture_output=True, text=True, timeout=60, env={**os.environ, **env} if env else None
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"{argv} exited {result.returncode}: {result.stderr}")
     return result

@@ -3,10 +3,15 @@
 A form field is classified from three kinds of evidence:
 
 - its name (the key in `values`, a name in `raw_fields`, a file entry's
-  `field`), split into lower-case words (`cardNumber`, `card-number` and
-  `card_number` all give `card number`);
+  `field`), split into lower-case words (`cardNumber`, `card-number`,
+  `card_number` and `CARDNumber` all give `card number`). Names are also
+  written run together (`accountnumber`, `userpassword`), so a word or the
+  whole name that contains a long enough sensitive word or word pair
+  (`password`, `accountnumber`: six letters or more) counts too; shorter ones
+  (`ssn`, `cvv`, `taxid`) must match a whole word;
 - its declared type in `raw_fields` (HTML autocomplete tokens such as
-  `cc-number`, `cc-csc`, or input types such as `password`);
+  `cc-number`, `cc-csc`, or input types such as `password`; any token of a
+  multi-token value such as `section-pay cc-csc` or `current-password webauthn`);
 - its value (a US social security or taxpayer number, an IBAN that passes its mod-97
   check).
 
@@ -38,6 +43,7 @@ from collector.ingest.validate import RAW_FIELDS_DECODER
 
 _WORDS = re.compile(r"[a-z]+|[0-9]+")
 _CAMEL = re.compile(r"([a-z0-9])([A-Z])")
+_ACRONYM = re.compile(r"([A-Z])([A-Z][a-z])")  # "CVVCode" -> "CVV Code"
 
 # Single words that decide a class on their own.
 _WORD_CLASS: dict[str, str] = {
@@ -70,6 +76,7 @@ _PAIR_CLASS: dict[tuple[str, str], str] = {
     ("card", "number"): "payment", ("card", "num"): "payment", ("card", "no"): "payment",
     ("card", "expiry"): "payment", ("card", "exp"): "payment", ("card", "expiration"): "payment",
     ("card", "code"): "payment", ("card", "cvv"): "payment", ("card", "cvc"): "payment",
+    ("cvv", "code"): "payment", ("cvc", "code"): "payment", ("ss", "number"): "government_id",
     ("card", "holder"): "payment", ("cc", "number"): "payment", ("cc", "exp"): "payment",
     ("cc", "name"): "payment", ("cc", "csc"): "payment", ("cc", "cvv"): "payment",
     ("security", "code"): "payment", ("credit", "card"): "payment", ("debit", "card"): "payment",
@@ -92,17 +99,26 @@ _PAIR_CLASS: dict[tuple[str, str], str] = {
     ("one", "time"): "secret", ("pin", "number"): "secret", ("card", "pin"): "payment",
 }  # fmt: skip
 
+# Every sensitive word, and every pair written run together ("accountnumber").
+_RUN_TOGETHER: dict[str, str] = {**{a + b: kind for (a, b), kind in _PAIR_CLASS.items()}, **_WORD_CLASS}
+# Those long enough to be looked for inside a longer word without matching
+# ordinary ones ("tin" is in "setting", "hiv" in "archive", "otp" in "footprint").
+_MIN_INSIDE = 6
+_INSIDE = re.compile("|".join(sorted((re.escape(w) for w in _RUN_TOGETHER if len(w) >= _MIN_INSIDE),
+                                     key=len, reverse=True)))
+
 # raw_fields types: HTML autocomplete tokens and input types.
 _TYPE_CLASS: dict[str, str] = {"password": "secret", "new-password": "secret",
                                "current-password": "secret", "one-time-code": "secret"}
 _CHECKOUT_WORDS = frozenset({"checkout", "payment", "payments", "purchase", "creditcard"})
+_CHECKOUT_INSIDE = ("checkout", "payment", "creditcard")
 # A US SSN or ITIN (ITINs are the 9xx area): ddd-dd-dddd with no all-zero group.
 _SSN = re.compile(r"^(?!000|666)\d{3}-(?!00)\d{2}-(?!0000)\d{4}$")
 _IBAN = re.compile(r"^[A-Z]{2}\d{2}[A-Z0-9]{11,30}$")
 
 
 def _words(name: str) -> list[str]:
-    return _WORDS.findall(_CAMEL.sub(r"\1 \2", name).lower())
+    return _WORDS.findall(_CAMEL.sub(r"\1 \2", _ACRONYM.sub(r"\1 \2", name)).lower())
 
 
 @functools.lru_cache(maxsize=8192)
@@ -118,14 +134,26 @@ def classify_field_name(name: str) -> str | None:
         found = _PAIR_CLASS.get(pair)
         if found:
             return found
+    for word in (*words, compact):
+        found = _RUN_TOGETHER.get(word)
+        if found:
+            return found
+    for word in words:  # not across words: "paidNumber" holds "idnumber"
+        inside = _INSIDE.search(word)
+        if inside:
+            return _RUN_TOGETHER[inside.group()]
     return None
 
 
 def classify_field_type(declared: str) -> str | None:
-    token = declared.strip().lower()
-    if token.startswith("cc-"):
-        return "payment"
-    return _TYPE_CLASS.get(token)
+    """The class of a raw_fields type; a multi-token autocomplete value counts by its tokens."""
+    for token in declared.lower().split():
+        if token.startswith("cc-"):
+            return "payment"
+        found = _TYPE_CLASS.get(token)
+        if found:
+            return found
+    return None
 
 
 def _iban_valid(text: str) -> bool:
@@ -165,7 +193,10 @@ def names_checkout(text: str) -> bool:
     """True when a form id or selector names a checkout or payment form."""
     # Cached: a site sends the same few form ids and selectors over and over.
     words = _words(text)
-    return bool(_CHECKOUT_WORDS.intersection(words)) or "".join(words) in _CHECKOUT_WORDS
+    # Run together ("PAYMENTFORM", "checkoutstep"); "purchase" only as a word ("purchases" is a history).
+    return bool(_CHECKOUT_WORDS.intersection(words)) or any(
+        inside in word for word in (*words, "".join(words)) for inside in _CHECKOUT_INSIDE
+    )
 
 
 def is_checkout(form: Form, declared: dict[str, str]) -> bool:

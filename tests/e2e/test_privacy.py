@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pwd
 import stat
 from pathlib import Path
 
@@ -255,6 +256,29 @@ async def test_privacy_floor_on_realistic_forms(nursery: trio.Nursery, tmp_path:
         assert secret not in dump
 
 
+async def test_privacy_floor_reads_run_together_names_and_multi_token_types(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    server = await started(nursery, tmp_path)
+    forms = [
+        form("cvv", "profile", {"CVVCode": "987"}),  # a CVV field makes it a checkout
+        form("caps", "PAYMENTFORM", {"email": EMAIL}),
+        form("autocomplete", "signup", {"f1": "435"}, {"f1": "section-pay cc-csc"}),
+        form("account", "profile", {"accountnumber": "12345678", "SSNNumber": "078051120", "nick": "jd"},
+             {"accountnumber": "text", "SSNNumber": "text", "nick": "text"}),
+        form("login", "login", {"user": "jd", "pw": "hunter2!"}, {"user": "username", "pw": "current-password webauthn"}),
+    ]
+    body = (await server.client.post("/v1/events", json={"events": forms}, headers=ACME)).json()
+    dropped = {e["eid"]: e["reason"] for e in body["errors"] if e["error"] == "dropped"}
+    assert dropped == {"cvv": "checkout_form", "caps": "checkout_form", "autocomplete": "checkout_form"}
+    stored = await stored_events(server)
+    assert set(stored["account"]["event"]["values"]) == {"nick"}  # type: ignore[index]
+    assert set(stored["login"]["event"]["values"]) == {"user"}  # type: ignore[index]
+    dump = json.dumps(stored)
+    for secret in ("987", "435", "12345678", "078051120", "hunter2!"):
+        assert secret not in dump
+
+
 async def test_sealed_at_rest_and_the_audited_reveal(nursery: trio.Nursery, tmp_path: Path) -> None:
     server = await started(nursery, tmp_path)
     events = [form("contact", "contact", {"email": EMAIL, "message": "hello there"}), identify("who")]
@@ -274,10 +298,16 @@ async def test_sealed_at_rest_and_the_audited_reveal(nursery: trio.Nursery, tmp_
 
     refused = await trio.to_thread.run_sync(lambda: cli("reveal", receipts["who"], "--reason", "x", check=False))
     assert refused.returncode == 2 and EMAIL not in refused.stdout
+    invisible = await trio.to_thread.run_sync(
+        lambda: cli("reveal", receipts["who"], "--reason", "\u200b" * 8 + " \u00a0", check=False))
+    assert invisible.returncode == 2 and EMAIL not in invisible.stdout
     unknown = await trio.to_thread.run_sync(
         lambda: cli("reveal", "rcpt_00000000ffffffffffff", "--reason", "support ticket 42", check=False))
     assert unknown.returncode == 2 and "no stored event" in unknown.stderr
-    shown = await trio.to_thread.run_sync(lambda: cli("reveal", receipts["who"], "--reason", "support ticket 42"))
+    # Who is the real uid's account, not what LOGNAME says; SUDO_USER is only recorded as a claim.
+    shown = await trio.to_thread.run_sync(lambda: run_cli(
+        "reveal", receipts["who"], "--reason", "support ticket 42", data_dir=server.data_dir,
+        env={"LOGNAME": "innocent_intern", "USER": "innocent_intern", "SUDO_USER": "someone_else"}))
     revealed = json.loads(shown.stdout)["event"]
     assert (revealed["rawEmail"], revealed["rawPhone"]) == (EMAIL, "+1 415 555 0100")
     shown = await trio.to_thread.run_sync(lambda: cli("reveal", receipts["contact"], "--reason", "GDPR access req"))
@@ -287,7 +317,9 @@ async def test_sealed_at_rest_and_the_audited_reveal(nursery: trio.Nursery, tmp_
     assert [(e["seq"], e["receipt_id"], e["reason"]) for e in entries] == [
         (1, receipts["who"], "support ticket 42"), (2, receipts["contact"], "GDPR access req")]
     assert entries[0]["fields"] == ["rawEmail", "rawPhone"] and entries[1]["prev_hash"] == entries[0]["hash"]
-    assert str(os.getuid()) in entries[0]["who"]
+    assert entries[0]["who"].startswith(f"{pwd.getpwuid(os.getuid()).pw_name} (uid {os.getuid()})")
+    assert "innocent_intern" not in entries[0]["who"]
+    assert "via sudo" not in entries[0]["who"]  # a sudo user is never asserted from the environment
     # The audit log names fields, never values; `collector check` verifies its chain.
     assert EMAIL not in audit.stdout
     assert json.loads((await trio.to_thread.run_sync(lambda: cli("check"))).stdout)["problems"] == []

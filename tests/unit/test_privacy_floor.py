@@ -46,6 +46,14 @@ def decode(**fields: object) -> AnyEvent:
         ("diagnosis", "health"), ("current_medications", "health"), ("allergies", "health"),
         ("insurance_member_id", "health"), ("bloodType", "health"),
         ("password", "secret"), ("confirmPassword", "secret"), ("one_time_code", "secret"),
+        # an acronym before a word, and names written run together
+        ("CVVCode", "payment"), ("SSNNumber", "government_id"), ("IBANNumber", "financial"),
+        ("MRNNumber", "health"), ("accountnumber", "financial"), ("sortcode", "financial"),
+        ("routingnumber", "financial"), ("taxid", "government_id"), ("socialsecuritynumber", "government_id"),
+        ("driverslicense", "government_id"), ("nationalid", "government_id"), ("passportnumber", "government_id"),
+        ("medicalhistory", "health"), ("bloodtype", "health"), ("insuranceid", "health"),
+        ("idnumber", "government_id"), ("cvvcode", "payment"), ("ssnumber", "government_id"),
+        ("userpassword", "secret"),
     ],
 )
 def test_sensitive_field_names(name: str, kind: str) -> None:
@@ -56,7 +64,10 @@ def test_sensitive_field_names(name: str, kind: str) -> None:
     "name",
     ["email", "firstName", "company", "message", "className", "phone", "zip", "pincode", "country",
      "accept_terms_and_conditions", "order_id", "swift_experience", "member_since", "newsletter",
-     "discount_code", "promo_code", "date_of_birth", "address_line1"],
+     "discount_code", "promo_code", "date_of_birth", "address_line1",
+     # short sensitive words are not looked for inside longer ones, nor across words
+     "settings", "archive", "footprint", "continue", "database", "paidNumber", "URLPath", "XMLHttpRequest",
+     "postcode", "countrycode", "invoiceNumber", "accountType"],
 )
 def test_ordinary_field_names(name: str) -> None:
     assert classify_field_name(name) is None
@@ -65,6 +76,10 @@ def test_ordinary_field_names(name: str) -> None:
 def test_declared_types_and_values() -> None:
     assert classify_field_type("cc-number") == "payment" and classify_field_type("cc-csc") == "payment"
     assert classify_field_type("current-password") == "secret" and classify_field_type("email") is None
+    # autocomplete values with several tokens count by any of them
+    assert classify_field_type("section-pay cc-csc") == "payment"
+    assert classify_field_type("current-password webauthn") == "secret"
+    assert classify_field_type("shipping street-address") is None
     assert classify_value("123-45-6789") == "government_id"
     assert classify_value("DE89 3704 0044 0532 0130 00") == "financial"
     for ordinary in ("000-12-3456", "415-555-0100", "DE89 3704 0044 0532 0130 01", "hello", "2024-01-01"):
@@ -151,7 +166,8 @@ def test_without_a_sealer_values_are_withheld_not_stored_plain() -> None:
 @pytest.mark.parametrize(
     ("text", "checkout"),
     [("checkout", True), ("#payment-form", True), ("form.Checkout_Step", True), ("creditCard", True),
-     ("newsletter", False), ("", False), ("pay", False), ("purchases", False)],
+     ("newsletter", False), ("", False), ("pay", False), ("purchases", False), ("PAYMENTFORM", True),
+     ("checkoutstep", True)],
 )
 def test_checkout_names(text: str, checkout: bool) -> None:
     assert names_checkout(text) is checkout
