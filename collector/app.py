@@ -51,6 +51,7 @@ from collector.signals.projection import VisitorProjection
 from collector.tenants_admin import import_tenants
 from storage.counters import iter_counters
 from storage.env import Storage
+from storage.errors import StorageError
 from storage.outbox import last_seq
 from storage.retention import RetentionSweep, run_retention
 from storage.visitors import CURSOR as VISITORS_CURSOR
@@ -252,6 +253,7 @@ async def serve(
             if settings.access_log:
                 outer.start_soon(flush_access_log)
             if worker_index == 0:  # singletons: one per environment, not one per worker
+                outer.start_soon(_clear_stale_readers, storage)
                 services.projection = VisitorProjection(services.writer)
                 await outer.start(services.projection.run)
                 sweep = RetentionSweep(
@@ -285,6 +287,22 @@ async def serve(
     finally:
         storage.close()
         log.info("storage closed")
+
+
+STALE_READER_CHECK_S = 30.0
+
+
+async def _clear_stale_readers(storage: Storage) -> None:
+    """At start and every 30 s: free the read slots of dead processes (see Storage.clear_stale_readers)."""
+    while True:
+        try:
+            cleared = storage.clear_stale_readers()
+        except StorageError as exc:
+            log.error("checking for stale LMDB readers failed: %s", exc)
+        else:
+            if cleared:
+                log.warning("cleared %d stale LMDB reader slot(s) left by processes that died reading", cleared)
+        await trio.sleep(STALE_READER_CHECK_S)
 
 
 # After the last request, how long to wait for a keep-alive client's next one

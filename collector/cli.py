@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import shutil
 import socket
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -42,6 +41,15 @@ def _settings_from(args: argparse.Namespace) -> Settings:
     return load_settings(flags, config_file=getattr(args, "config", None))
 
 
+def _check_data_dir(path: Path, *, create: bool) -> None:
+    """Refuse (exit 2, one line) a path that is not a data directory, before anything writes there."""
+    from storage.datadir import data_dir_problem
+
+    problem = data_dir_problem(path, create=create)
+    if problem is not None:
+        raise UsageError(problem)
+
+
 @contextlib.contextmanager
 def _storage(args: argparse.Namespace, *, create: bool = False) -> Iterator[Storage]:
     """The data directory of the command's settings, closed afterwards.
@@ -54,8 +62,7 @@ def _storage(args: argparse.Namespace, *, create: bool = False) -> Iterator[Stor
 
     settings = _settings_from(args)
     path = Path(settings.data_dir)
-    if not create and not path.is_dir():
-        raise UsageError(f"no data directory at {path} (a wrong --data-dir or COLLECTOR_DATA_DIR?)")
+    _check_data_dir(path, create=create)
     try:
         storage = open_storage(settings)
     except OSError as exc:
@@ -83,6 +90,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             parse_tenants_file(Path(settings.tenants).read_bytes())
         except OSError as exc:
             raise UsageError(f"cannot read the tenants file {settings.tenants}: {exc.strerror}") from None
+    _check_data_dir(Path(settings.data_dir), create=True)
     _probe_listen(settings)
     configure_logging()
     tune_gc()  # after the imports above: they are start-up objects, never scanned again
@@ -232,7 +240,10 @@ def cmd_visitors_show(args: argparse.Namespace) -> int:
 def cmd_keys_rotate_field_key(args: argparse.Namespace) -> int:
     from collector.fieldkeys import key_file_path, rotate
 
-    print(rotate(key_file_path(_settings_from(args))))
+    settings = _settings_from(args)
+    if not settings.field_key_file:  # the default key file lives in the data directory
+        _check_data_dir(Path(settings.data_dir), create=False)
+    print(rotate(key_file_path(settings)))
     return 0
 
 
@@ -286,12 +297,16 @@ def cmd_usage_invoice(args: argparse.Namespace) -> int:
 def cmd_backup(args: argparse.Namespace) -> int:
     from storage.backup import backup
 
-    with _storage(args) as storage:
-        manifest = backup(storage, Path(args.dest))
+    extra: list[tuple[Path, str]] = []
     if args.with_field_keys:
         from collector.fieldkeys import DEFAULT_NAME, key_file_path
 
-        shutil.copy2(key_file_path(_settings_from(args)), Path(args.dest) / DEFAULT_NAME)
+        key_file = key_file_path(_settings_from(args))
+        if not key_file.is_file():
+            raise UsageError(f"--with-field-keys: there is no field key file at {key_file}")
+        extra.append((key_file, DEFAULT_NAME))  # the name restore looks for
+    with _storage(args) as storage:
+        manifest = backup(storage, Path(args.dest), extra_files=extra)
     print(_json.encode(manifest).decode())
     return 0
 
@@ -466,6 +481,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # a path the command was given cannot be used: one line, no traceback
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"collector: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import hashlib
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import lmdb
@@ -52,17 +53,26 @@ _manifest_encoder = msgspec.json.Encoder()
 _manifest_decoder = msgspec.json.Decoder(BackupManifest)
 
 
-def backup(storage: Storage, dest_dir: str | os.PathLike[str]) -> BackupManifest:
+def backup(
+    storage: Storage, dest_dir: str | os.PathLike[str], *, extra_files: Sequence[tuple[Path, str]] = ()
+) -> BackupManifest:
     """Copy the open data directory into `dest_dir` (absent or empty) and describe it.
 
-    Raises BackupError when dest_dir is not an empty directory, StorageError
+    `extra_files`, (source, name in the backup) pairs such as the field key
+    file, are copied in before the manifest, so a
+    backup that has its manifest has them too. Raises BackupError when
+    dest_dir is not an empty directory or cannot be written, StorageError
     when LMDB cannot make the copy; a failed backup removes what it wrote.
     """
     dest = Path(dest_dir)
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise BackupError(f"backup destination {dest} is not an empty directory")
     created_dir = not dest.exists()
-    dest.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        dest.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise BackupError(f"cannot create the backup destination {dest}: {exc.strerror or exc}") from None
+    written = [DATA_FILE, MANIFEST, MANIFEST + ".tmp", *(name for _, name in extra_files)]
     try:
         with mapped_lmdb_errors(), storage.read() as txn:
             storage.env.copy(str(dest), compact=True, txn=txn)
@@ -72,6 +82,7 @@ def backup(storage: Storage, dest_dir: str | os.PathLike[str]) -> BackupManifest
                 name: int(txn.stat(getattr(storage.dbs, name))["entries"]) for name in DB_NAMES
             }
         data = dest / DATA_FILE
+        os.chmod(data, 0o600)  # as restore leaves it: the events are the tenants' data
         digest, size = _sha256(data, fsync=True)
         manifest = BackupManifest(
             format=int(raw_format or b"0"),
@@ -82,15 +93,22 @@ def backup(storage: Storage, dest_dir: str | os.PathLike[str]) -> BackupManifest
             outbox_last_seq=int.from_bytes(raw_next, "big") - 1 if raw_next else 0,
             records=records,
         )
+        for source, name in extra_files:
+            copied = dest / name
+            shutil.copy2(source, copied)  # keeps the key file's 0600
+            with copied.open("rb") as handle:
+                os.fsync(handle.fileno())
         _write_durably(dest / MANIFEST, _manifest_encoder.encode(manifest) + b"\n")
         _fsync_dir(dest)
-    except BaseException:
-        for name in (DATA_FILE, MANIFEST, MANIFEST + ".tmp"):
+    except BaseException as exc:
+        for name in written:
             with contextlib.suppress(FileNotFoundError):
                 (dest / name).unlink()
         if created_dir:
             with contextlib.suppress(OSError):
                 dest.rmdir()
+        if isinstance(exc, OSError):
+            raise BackupError(f"backup to {dest} failed: {exc.strerror or exc}; nothing was kept") from None
         raise
     return manifest
 

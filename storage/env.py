@@ -179,6 +179,16 @@ class Storage:
                 self.env.set_mapsize(min(current * 2, self.max_map_size))
             return True
 
+    def clear_stale_readers(self) -> int:
+        """Free the reader slots of processes that died holding a read transaction; how many.
+
+        A reader left by a `collector check` killed with -9 pins the snapshot it
+        read: LMDB cannot reuse any page freed after it, so the file grows with
+        every write until the slot is cleared.
+        """
+        with mapped_lmdb_errors():
+            return int(self.env.reader_check())
+
     def usage(self) -> tuple[int, int]:
         """(map size, bytes used) for the metrics gauges."""
         info = self.env.info()

@@ -314,13 +314,16 @@ class GroupCommitWriter:
     def _grow(self) -> bool:
         # set_mapsize needs no open transaction in this process: run it on the
         # trio thread, whose read transactions never span a checkpoint.
-        self._stats["map_growths"] += 1
         if self._token is None:
-            return self.storage.grow()
-        try:
-            return bool(trio.from_thread.run_sync(self.storage.grow, trio_token=self._token))
-        except trio.RunFinishedError:
-            return self.storage.grow()
+            grown = self.storage.grow()
+        else:
+            try:
+                grown = bool(trio.from_thread.run_sync(self.storage.grow, trio_token=self._token))
+            except trio.RunFinishedError:
+                grown = self.storage.grow()
+        if grown:  # a map already at its cap is not a growth, however often a commit tries
+            self._stats["map_growths"] += 1
+        return grown
 
     def _adopt_map_size(self) -> None:
         # like _grow: set_mapsize runs on the trio thread, between its reads

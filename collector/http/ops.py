@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import msgspec
+import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -12,9 +13,12 @@ from werkzeug.exceptions import HTTPException
 from collector.http.asgi import request_id_for
 from collector.services import Services
 from storage.errors import StorageError
+from storage.writer import WriteContext
 
 _encoder = msgspec.json.Encoder()
 _ERROR_CODES = {404: "not_found", 405: "method_not_allowed"}
+_PROBE_TIMEOUT_S = 2.0
+_PROBE_VALUE = bytes(1024 * 1024)
 
 
 def register_ops_routes(app: QuartTrio, services: Services) -> None:
@@ -51,6 +55,11 @@ def register_ops_routes(app: QuartTrio, services: Services) -> None:
             writable = services.storage.writable()
         except StorageError:
             writable = False
+        if writable and not services.writer.healthy:
+            # The last commit failed (a map at its cap, an I/O error): free disk
+            # space alone says nothing then. One tiny commit tells, and its
+            # success is also what makes the writer healthy again.
+            writable = await _commit_probe(services)
         if writable:
             return Response(b'{"status":"ready"}', status=200, content_type="application/json")
         return Response(
@@ -65,3 +74,26 @@ def register_ops_routes(app: QuartTrio, services: Services) -> None:
         return Response(
             services.metrics.render(), status=200, content_type="text/plain; version=0.0.4"
         )
+
+
+class _ProbeWrite:
+    """A write job that proves a commit with room for a large batch can be made.
+
+    It stores a megabyte (a 25-event batch of the largest events is about 3 MB,
+    a typical one 10 KB) and deletes it in the same transaction: the pages are
+    allocated, so a map at its cap fails here, and nothing stays behind.
+    """
+
+    def run(self, ctx: WriteContext) -> None:
+        ctx.txn.put(b"ready_probe", _PROBE_VALUE, db=ctx.dbs.meta)
+        ctx.txn.delete(b"ready_probe", db=ctx.dbs.meta)
+
+
+async def _commit_probe(services: Services) -> bool:
+    with trio.move_on_after(_PROBE_TIMEOUT_S):
+        try:
+            await services.writer.submit(_ProbeWrite())
+        except StorageError:
+            return False
+        return True
+    return False

@@ -48,3 +48,22 @@ async def test_disk_full_then_space_returns(nursery: trio.Nursery, small_disk: P
     assert (await server.client.get("/readyz")).status_code == 200
     stored = await outbox_dump(server.data_dir)
     assert sorted(row["eid"] for row in stored) == sorted(f"full-{i}" for i in range(25))
+
+
+async def test_a_map_at_its_cap_is_not_ready_and_is_not_counted_as_growth(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # The disk has room, but the map may not grow past max_map_size_mb: every commit fails.
+    server = await start_server(nursery, tmp_path, map_size_mb=1, max_map_size_mb=1)
+    events = [pageview(f"cap-{i}", type="custom", name="n", label="x" * 4000) for i in range(25)]
+    status = 202
+    for batch in range(40):
+        batch_events = [dict(e, _eid=f"{e['_eid']}-{batch}") for e in events]
+        status = (await server.client.post("/v1/events", json={"events": batch_events}, headers=H)).status_code
+        if status == 503:
+            break
+    assert status == 503
+    ready = await server.client.get("/readyz")
+    assert ready.status_code == 503, ready.text
+    metrics = (await server.client.get("/metrics")).text
+    assert "collector_lmdb_map_growths 0.0" in metrics

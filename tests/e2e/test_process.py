@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
+import lmdb
 import trio
 
 from tests.conftest import BROWSER_KEY, PAID_KEY, pageview, write_tenants
@@ -238,6 +239,21 @@ def test_bad_operator_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     garbage = tmp_path / "garbage"
     garbage.mkdir()
     (garbage / "data.mdb").write_bytes(os.urandom(100_000))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    foreign = tmp_path / "foreign"  # someone else's LMDB environment
+    foreign_env = lmdb.open(str(foreign))
+    with foreign_env.begin(write=True) as txn:
+        txn.put(b"user:1", b"alice")
+    foreign_env.close()
+    foreign_data = (foreign / "data.mdb").read_bytes()
+    served = tmp_path / "served"  # a real data directory (its default field key file is not there)
+    run_cli("tenants", "import", str(write_tenants(tmp_path / "tenants.json")), data_dir=served)
+    truncated = tmp_path / "truncated"
+    truncated.mkdir()
+    data = (served / "data.mdb").read_bytes()
+    last_page_end = (lmdb_last_page(served) + 1) * 4096
+    (truncated / "data.mdb").write_bytes(data[: last_page_end - 4096])
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
@@ -250,8 +266,19 @@ def test_bad_operator_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         (["serve", "--bogus"], "unrecognized arguments"),
         (["serve", "--env", "staging"], "invalid choice"),
         (["tenants", "list", "--data-dir", str(tmp_path / "typo")], "no data directory"),
-        (["outbox", "dump", "--data-dir", str(not_a_dir)], "no data directory"),
-        (["outbox", "dump", "--data-dir", str(garbage)], "cannot open the data directory"),
+        (["outbox", "dump", "--data-dir", str(not_a_dir)], "is not a directory"),
+        (["outbox", "dump", "--data-dir", str(garbage)], "is not an LMDB environment"),
+        (["serve", "--data-dir", str(not_a_dir), "--bind", "127.0.0.1:0"], "is not a directory"),
+        (["serve", "--data-dir", str(garbage), "--bind", "127.0.0.1:0"], "is not an LMDB environment"),
+        (["serve", "--data-dir", str(foreign), "--bind", "127.0.0.1:0"], "not a collector's"),
+        (["check", "--data-dir", str(foreign)], "not a collector's"),
+        (["check", "--data-dir", str(empty)], "no collector data"),
+        (["keys", "rotate-field-key", "--data-dir", str(tmp_path / "typo")], "no data directory"),
+        (["check", "--data-dir", str(truncated)], "is damaged"),
+        (["serve", "--data-dir", str(truncated), "--bind", "127.0.0.1:0"], "is damaged"),
+        (["backup", "/proc/no/such/backup", "--data-dir", str(served)], "cannot create the backup destination"),
+        (["backup", str(tmp_path / "keyless"), "--with-field-keys", "--data-dir", str(served)],
+         "no field key file"),
         (["outbox", "dump", "--after", "-5", "--data-dir", str(tmp_path)], "sequence number"),
         (["usage", "show", "--period", "2026-13", "--data-dir", str(tmp_path)], "YYYY-MM"),
     ]
@@ -264,3 +291,14 @@ def test_bad_operator_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     finally:
         busy.close()
     assert not (tmp_path / "typo").exists()  # a read-only command created nothing
+    assert list(empty.iterdir()) == []
+    assert (foreign / "data.mdb").read_bytes() == foreign_data  # (its lock file only saw a reader come and go)
+    assert not (tmp_path / "keyless").exists()
+
+
+def lmdb_last_page(path: Path) -> int:
+    env = lmdb.open(str(path), readonly=True, lock=False)
+    try:
+        return int(env.info()["last_pgno"])
+    finally:
+        env.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -228,3 +230,27 @@ def test_records_without_facts_read_as_before(tmp_path: Path) -> None:
 def test_the_facts_view_mirrors_the_outbox_record() -> None:
     # decode_facts reads records positionally: its fields must stay OutboxRecord's
     assert outbox.RecordFacts.__struct_fields__ == outbox.OutboxRecord.__struct_fields__
+
+
+def test_a_reader_killed_mid_read_is_cleared(tmp_path: Path) -> None:
+    # A `collector check` killed with -9 leaves its reader slot; until it is cleared,
+    # LMDB cannot reuse any page freed after its snapshot.
+    storage = Storage(tmp_path / "data")
+    try:
+        reader = subprocess.Popen(
+            [sys.executable, "-c",
+             "import lmdb, sys, time\n"
+             "env = lmdb.open(sys.argv[1], readonly=True, max_dbs=32)\n"
+             "txn = env.begin()\n"
+             "print('reading', flush=True)\n"
+             "time.sleep(60)\n",
+             str(tmp_path / "data")],
+            stdout=subprocess.PIPE, text=True,
+        )
+        assert reader.stdout is not None and reader.stdout.readline().strip() == "reading"
+        reader.kill()
+        reader.wait()
+        assert storage.clear_stale_readers() == 1
+        assert storage.clear_stale_readers() == 0
+    finally:
+        storage.close()
