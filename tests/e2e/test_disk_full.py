@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.conftest import BROWSER_KEY, pageview, start_server
-from tests.helpers import outbox_dump
+from tests.conftest import BROWSER_KEY, pageview, start_server, write_tenants
+from tests.helpers import outbox_dump, run_cli
 
 H = {"X-API-Key": BROWSER_KEY, "Origin": "https://acme.com"}
 
@@ -67,3 +67,14 @@ async def test_a_map_at_its_cap_is_not_ready_and_is_not_counted_as_growth(
     assert ready.status_code == 503, ready.text
     metrics = (await server.client.get("/metrics")).text
     assert "collector_lmdb_map_growths 0.0" in metrics
+
+
+def test_no_new_data_directory_on_a_full_disk(small_disk: Path, tmp_path: Path) -> None:
+    # LMDB maps its new lock file: without space that is a SIGBUS, not an error. Refused first.
+    free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+    (small_disk / "filler").write_bytes(b"\0" * max(0, free - 512 * 1024))
+    result = run_cli("tenants", "import", str(write_tenants(tmp_path / "tenants.json")),
+                     data_dir=small_disk / "new", check=False)
+    assert result.returncode == 2, result.stderr
+    assert "not enough free space" in result.stderr and result.stderr.count("\n") == 1
+    assert not (small_disk / "new").exists()
