@@ -18,6 +18,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import secrets
 import shutil
 import time
 from collections.abc import Sequence
@@ -157,6 +158,8 @@ def restore(
     target = Path(data_dir)
     # /var/lib/collector is a symlink under DynamicUser: replace what it points at.
     target = target.resolve() if target.is_symlink() else target
+    if src.resolve().is_relative_to(target.resolve()):
+        raise BackupError(f"the backup {src} is inside {target}, which restoring replaces: move it out first")
     occupied = target.exists()
     if occupied and not target.is_dir():
         raise BackupError(f"{target} exists and is not a directory")
@@ -174,6 +177,7 @@ def restore(
         copied = _copy_and_hash(data, staging / DATA_FILE)
         if copied != manifest.sha256:
             raise BackupError(f"checksum mismatch: {data} changed while it was copied")
+        _renew_node_id(staging)
         for name in carry_files:
             for origin in (src / name, target / name):
                 if origin.is_file():
@@ -222,6 +226,27 @@ def _format_of(src: Path) -> int:
     finally:
         env.close()
     return int(raw) if raw else 0
+
+
+def _renew_node_id(staging: Path) -> None:
+    """Give the restored directory a node id of its own.
+
+    Receipt ids are `rcpt_<node id><seq>`. A restored older backup hands out
+    again the sequence numbers issued after it was taken (those events are
+    lost with the directory it replaces), and a second restore of one backup
+    is a clone: with the old node id both would repeat receipts already given
+    to clients. Stored receipts keep resolving: a record carries its own.
+    """
+    env = lmdb.open(str(staging), max_dbs=len(DB_NAMES) + 8, subdir=True)
+    try:
+        with env.begin(write=True) as txn:
+            meta = env.open_db(b"meta", txn=txn, create=False)
+            txn.put(b"node_id", secrets.token_hex(4).encode(), db=meta)
+    except lmdb.Error as exc:
+        raise BackupError(f"the restored copy could not be updated: {exc}") from None
+    finally:
+        env.close()
+    (staging / "lock.mdb").unlink(missing_ok=True)
 
 
 def _in_use(directory: Path) -> bool:

@@ -128,13 +128,25 @@ def test_restore_round_trip(live: Storage, tmp_path: Path) -> None:
     assert listing(tmp_path) == ["bk", "data", "restored"]  # no staging left beside it
     storage = Storage(restored)
     try:
-        assert storage.node_id == node_id
-        assert [r.eid for _, r in outbox.iter_outbox(storage)] == ["a", "b", "c"]
+        # A node id of its own: receipts given out after the backup, or by another
+        # restore of it, are never handed out again.
+        assert storage.node_id != node_id and len(storage.node_id) == len(node_id)
+        records = [r for _, r in outbox.iter_outbox(storage)]
+        assert [r.eid for r in records] == ["a", "b", "c"]
+        assert records[0].receipt_id == outbox.receipt_id(node_id, 1)  # stored receipts are kept
         assert check(storage).problems == []
         # receipts continue after the restored sequence
-        assert admit(storage, ["e"]).receipt_ids == [outbox.receipt_id(node_id, 4)]
+        assert admit(storage, ["e"]).receipt_ids == [outbox.receipt_id(storage.node_id, 4)]
     finally:
         storage.close()
+
+
+def test_restore_refuses_a_backup_inside_the_directory_it_replaces(live: Storage, tmp_path: Path) -> None:
+    backup(live, tmp_path / "data" / "backups" / "b1")
+    live.close()
+    with pytest.raises(BackupError, match="move it out first"):
+        restore(tmp_path / "data" / "backups" / "b1", tmp_path / "data", force=True)
+    assert (tmp_path / "data" / "backups" / "b1" / "MANIFEST.json").exists()
 
 
 def test_restore_into_an_empty_directory_needs_no_force(live: Storage, tmp_path: Path) -> None:
