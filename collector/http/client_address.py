@@ -5,7 +5,10 @@ peer address says nothing about the visitor. When the peer is in
 `trusted_proxies`, the address is the right-most entry of X-Forwarded-For that
 is not itself a trusted proxy (entries further left can be forged by the
 client). Without trusted proxies, or from any other peer, X-Forwarded-For is
-ignored and the peer address is the visitor's.
+ignored and the peer address is the visitor's. An entry may carry a port
+(`203.0.113.5:8080`, `[2001:db8::1]:443`, as some balancers write it); an
+entry that is no address at all (nginx writes `unknown`) leaves the visitor's
+address unknown (None), never the proxy's own.
 """
 
 from __future__ import annotations
@@ -35,8 +38,25 @@ class TrustedProxies:
     def client_address(self, peer: str | None, forwarded_for: str | None) -> str | None:
         if not self._networks or peer is None or not forwarded_for or not self.trusted(peer):
             return peer
-        for hop in reversed(forwarded_for.split(",")):
-            hop = hop.strip()
-            if hop and not self.trusted(hop):
+        for entry in reversed(forwarded_for.split(",")):
+            if not entry.strip():
+                continue
+            hop = address_of(entry)
+            if hop is None:
+                return None
+            if not self.trusted(hop):
                 return hop
         return peer
+
+
+def address_of(entry: str) -> str | None:
+    """The IP address in an X-Forwarded-For entry, with or without a port; None for anything else."""
+    text = entry.strip()
+    if text.startswith("["):  # [v6] or [v6]:port
+        text = text[1:].partition("]")[0]
+    elif text.count(":") == 1:  # v4:port (a bare v6 address has several colons)
+        text = text.partition(":")[0]
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return None

@@ -100,10 +100,14 @@ async def test_request_headers_and_addresses(nursery: trio.Nursery, tmp_path: Pa
     await post("residential", CHROME, **{"X-Forwarded-For": "198.51.100.9"})
     # A forged left-most hop cannot hide the real last hop.
     await post("forged", CHROME, **{"X-Forwarded-For": "203.0.113.1, 198.51.100.10"})
+    # Entries with a port, as some balancers write them.
+    await post("dc-port", CHROME, **{"X-Forwarded-For": "203.0.113.40:8080"})
+    await post("dc-v6-port", CHROME, **{"X-Forwarded-For": "[2001:db8:dc::40]:443"})
     assert await verdicts(server) == {
         "chrome-http": (False, "human"), "beacon": (False, "human"), "chrome-hints": (False, "human"),
         "hints-vs-firefox": (True, "automation"), "header-family": (True, "automation"),
         "datacenter": (True, "datacenter"), "residential": (False, "human"), "forged": (False, "human"),
+        "dc-port": (True, "datacenter"), "dc-v6-port": (True, "datacenter"),
     }
 
 
