@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import socket
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -460,6 +461,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:
         return int(exit_.code or 0)
     func: Callable[[argparse.Namespace], int] = args.func
+    # A data.mdb cut short (a partial copy) is a SIGBUS once LMDB touches a page past its
+    # end: say so on stderr, with where, instead of dying without a word.
+    faulthandler.enable()
     from collector.fieldkeys import KeyFileError
     from collector.reveal import RevealError
     from collector.tenants_admin import KeyAdminError

@@ -78,7 +78,7 @@ def _apply_account_terms(merged: dict[str, KeyRecord], account: str, named: list
     settled = next((r for r in live if r.accountTerms), None)
     if not named and settled is not None:  # a key moved away: the account keeps its terms
         contract, overage = settled.accountContract, settled.accountOverage
-        plan = settled.accountPlan or settled.normalized_plan
+        plan = settled.accountPlan or _any_paid(live)  # (imported before the account had a plan)
     else:
         deciding = named or live
         contracts = {_json.encode(r.contract): r for r in deciding if r.contract is not None}
@@ -90,7 +90,7 @@ def _apply_account_terms(merged: dict[str, KeyRecord], account: str, named: list
             )
         contract = next(iter(contracts.values())).contract if contracts else None
         overage = any(r.overage for r in deciding)
-        plan = Plan.PAID if any(r.normalized_plan is Plan.PAID for r in deciding) else Plan.FREE
+        plan = _any_paid(deciding)
     terms = (contract, overage, True, plan)
     changed = set()
     for record in members:
@@ -100,6 +100,10 @@ def _apply_account_terms(merged: dict[str, KeyRecord], account: str, named: list
             )
             changed.add(record.key)
     return changed
+
+
+def _any_paid(records: list[KeyRecord]) -> Plan:
+    return Plan.PAID if any(r.normalized_plan is Plan.PAID for r in records) else Plan.FREE
 
 
 def list_records(storage: Storage) -> list[KeyRecord]:

@@ -237,7 +237,9 @@ def _renew_node_id(staging: Path) -> None:
     is a clone: with the old node id both would repeat receipts already given
     to clients. Stored receipts keep resolving: a record carries its own.
     """
-    env = lmdb.open(str(staging), max_dbs=len(DB_NAMES) + 8, subdir=True)
+    # A compacted copy has no free pages: the map needs room past the file for the put.
+    map_size = (staging / DATA_FILE).stat().st_size + 64 * 1024 * 1024
+    env = lmdb.open(str(staging), max_dbs=len(DB_NAMES) + 8, subdir=True, map_size=map_size)
     try:
         with env.begin(write=True) as txn:
             meta = env.open_db(b"meta", txn=txn, create=False)

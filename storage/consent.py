@@ -3,9 +3,11 @@
 Written inside the admitting transaction of a `_consent_transition` event
 (from POST /v1/consent or /v1/events); a state older than the one stored
 never replaces it, so a late retry cannot undo a newer decision. Field by
-field: a decision that leaves `identityResolution` or `thirdPartySharing`
-out keeps the one decided before (an omission is not a grant), and an older
-decision arriving late still fills in a field the newer one left out.
+field: `identityResolution` and `thirdPartySharing` each keep the value of the
+newest decision that stated them, with that decision's time, so a decision
+that leaves one out keeps the one decided before (an omission is not a
+grant), and a late decision still wins a field whose stored value is older.
+Ties in time go to the later arrival.
 """
 
 from __future__ import annotations
@@ -18,11 +20,21 @@ from storage.errors import mapped_lmdb_errors
 
 
 class RecordedConsent(msgspec.Struct, array_like=True, frozen=True):
-    at_ms: int
+    at_ms: int  # the newest decision's time (its `analytics` and `eid`)
     analytics: bool
     identity_resolution: bool | None
     third_party_sharing: bool | None
     eid: str
+    # When each optional choice was stated (-1: by the decision at at_ms; records
+    # written before these fields existed hold a single decision's choices).
+    identity_at_ms: int = -1
+    sharing_at_ms: int = -1
+
+    def identity_time(self) -> int:
+        return self.at_ms if self.identity_at_ms < 0 else self.identity_at_ms
+
+    def sharing_time(self) -> int:
+        return self.at_ms if self.sharing_at_ms < 0 else self.sharing_at_ms
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -41,19 +53,27 @@ def decode(raw: bytes | memoryview) -> RecordedConsent:
     return _decoder.decode(raw)
 
 
+def _later_choice(
+    stored: bool | None, stored_at: int, candidate: bool | None, candidate_at: int
+) -> tuple[bool | None, int]:
+    if candidate is None or (stored is not None and stored_at > candidate_at):
+        return stored, stored_at
+    return candidate, candidate_at
+
+
 def merged(candidate: RecordedConsent, stored_raw: bytes | memoryview | None) -> RecordedConsent | None:
-    """The record once `candidate` is applied; None when it stays as stored."""
+    """The record once `candidate` (a single decision) is applied; None when it stays as stored."""
     if stored_raw is None:
         return candidate
     stored = decode(stored_raw)
-    newer, older = (candidate, stored) if candidate.at_ms >= stored.at_ms else (stored, candidate)
-    result = RecordedConsent(
-        newer.at_ms,
-        newer.analytics,
-        newer.identity_resolution if newer.identity_resolution is not None else older.identity_resolution,
-        newer.third_party_sharing if newer.third_party_sharing is not None else older.third_party_sharing,
-        newer.eid,
+    newer = candidate if candidate.at_ms >= stored.at_ms else stored
+    identity, identity_at = _later_choice(
+        stored.identity_resolution, stored.identity_time(), candidate.identity_resolution, candidate.at_ms
     )
+    sharing, sharing_at = _later_choice(
+        stored.third_party_sharing, stored.sharing_time(), candidate.third_party_sharing, candidate.at_ms
+    )
+    result = RecordedConsent(newer.at_ms, newer.analytics, identity, sharing, newer.eid, identity_at, sharing_at)
     return None if result == stored else result
 
 

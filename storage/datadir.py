@@ -2,15 +2,13 @@
 
 `Storage` opens its environment read-write: it creates `data.mdb` and
 `lock.mdb`, its named databases and the format marker. Pointed at the wrong
-place (a typo, a foreign LMDB environment, a damaged file) that would write
-into someone else's directory, or crash: LMDB maps the data file, and a
-page past the end of a truncated file is a SIGBUS, not an exception. So every
-command looks first, without writing anything:
+place (a typo, a foreign LMDB environment) that would write into someone
+else's directory. So every command looks first, without writing anything:
 
 - the path must be a directory (or, for a command that creates one, absent
-  with enough free space where it will be);
-- `data.mdb` must be an LMDB environment whose file holds every page its
-  meta page names;
+  with enough free space where it will be); an empty `data.mdb` (a first
+  start that stopped before LMDB wrote it) counts as absent;
+- `data.mdb` must be an LMDB environment;
 - its main database must name only databases of a collector: `meta` (any
   format version; the format check itself is `Storage`'s), or some of the
   others (format 0, before the marker existed), or nothing yet (a directory
@@ -26,6 +24,7 @@ from pathlib import Path
 import lmdb
 
 from storage.env import DB_NAMES as _DB_NAMES
+from storage.env import DEFAULT_MAX_MAP_SIZE
 
 DB_NAMES = frozenset(_DB_NAMES)
 # A new environment needs its lock file (about 40 KB, mapped: no space is a
@@ -38,7 +37,7 @@ def data_dir_problem(path: Path, *, create: bool) -> str | None:
     if path.exists() and not path.is_dir():
         return f"{path} is not a directory"
     data_file = path / "data.mdb"
-    if not data_file.exists():
+    if not data_file.exists() or data_file.stat().st_size == 0:
         if not create:
             if not path.exists():
                 return f"no data directory at {path} (a wrong --data-dir or COLLECTOR_DATA_DIR?)"
@@ -63,20 +62,18 @@ def _space_problem(path: Path) -> str | None:
 
 def _environment_problem(path: Path, data_file: Path, *, create: bool) -> str | None:
     # Read-only and, unless a lock file is already there, without one: nothing is written.
+    # The map is sized far past the file: a serving collector may grow it meanwhile
+    # (a map smaller than the file fails the read with MDB_MAP_RESIZED).
     has_lock = (path / "lock.mdb").exists()
     try:
-        env = lmdb.open(str(path), readonly=True, lock=has_lock, max_dbs=0, create=False)
-    except lmdb.Error as exc:
+        env = lmdb.open(
+            str(path), readonly=True, lock=has_lock, max_dbs=0, create=False, map_size=DEFAULT_MAX_MAP_SIZE
+        )
+    except lmdb.InvalidError as exc:
         return f"{path} is not an LMDB environment ({exc})"
+    except lmdb.Error as exc:
+        return f"{path} cannot be opened as an LMDB environment ({exc})"
     try:
-        page = env.stat()["psize"]
-        last_page = env.info()["last_pgno"]
-        size = data_file.stat().st_size
-        if size < (last_page + 1) * page:
-            return (
-                f"{data_file} is damaged: it is {size} bytes, but its last page ends at byte"
-                f" {(last_page + 1) * page} (truncated? restore it from a backup)"
-            )
         with env.begin() as txn:
             names = {bytes(key).decode("utf-8", "replace") for key, _ in txn.cursor()}
     except lmdb.Error as exc:

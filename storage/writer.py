@@ -70,6 +70,12 @@ class WriteJob(Protocol):
         """Read, decide, then write. Raise JobRefused before writing to refuse."""
 
 
+def _solo(ticket: _Ticket) -> bool:
+    # A job with `solo = True` commits in a transaction of its own: one whose
+    # failure (a probe of free room) must not fail its neighbours' admissions.
+    return getattr(ticket.job, "solo", False)
+
+
 # Runs inside the group's transaction, after its jobs; may return what to run
 # once that transaction has committed (for example counting what it did).
 AtCommit = Callable[[WriteContext], Callable[[], None] | None]
@@ -204,10 +210,16 @@ class GroupCommitWriter:
                     self._cond.wait()
                 if not self._queue and self._stopping:
                     return
-                group = [
-                    self._queue.popleft() for _ in range(min(len(self._queue), self.max_group))
-                ]
+                group = [self._queue.popleft()]
+                if not _solo(group[0]):
+                    self._take_more(group)
             self._commit_group(group)
+
+    def _take_more(self, group: list[_Ticket]) -> None:
+        """Add queued jobs to `group` up to max_group, stopping before a solo job (hold the lock)."""
+        queue = self._queue
+        while queue and len(group) < self.max_group and not _solo(queue[0]):
+            group.append(queue.popleft())
 
     def _commit_group(self, group: list[_Ticket]) -> None:
         pending = list(group)
@@ -306,10 +318,9 @@ class GroupCommitWriter:
         return None
 
     def _top_up(self, pending: list[_Ticket]) -> None:
-        if self._queue and len(pending) < self.max_group:
+        if self._queue and len(pending) < self.max_group and not _solo(pending[0]):
             with self._cond:
-                while self._queue and len(pending) < self.max_group:
-                    pending.append(self._queue.popleft())
+                self._take_more(pending)
 
     def _grow(self) -> bool:
         # set_mapsize needs no open transaction in this process: run it on the

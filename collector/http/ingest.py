@@ -154,7 +154,9 @@ async def _ingest(
         if visitor_id not in identities:
             recorded = read_consent(storage, client_id, site_id, visitor_id)
             identities[visitor_id] = (
-                IdentityConsent(recorded.at_ms, recorded.identity_resolution) if recorded is not None else None
+                IdentityConsent(recorded.identity_time(), recorded.identity_resolution)
+                if recorded is not None
+                else None
             )
         return identities[visitor_id]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import msgspec
-import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -17,7 +16,6 @@ from storage.writer import WriteContext
 
 _encoder = msgspec.json.Encoder()
 _ERROR_CODES = {404: "not_found", 405: "method_not_allowed"}
-_PROBE_TIMEOUT_S = 2.0
 _PROBE_VALUE = bytes(1024 * 1024)
 
 
@@ -49,6 +47,8 @@ def register_ops_routes(app: QuartTrio, services: Services) -> None:
     async def healthz() -> Response:
         return Response(health, status=200, content_type="application/json")
 
+    probing: set[bool] = set()  # non-empty while a probe commit is on its way
+
     @app.get("/readyz")
     async def readyz() -> Response:
         try:
@@ -57,9 +57,17 @@ def register_ops_routes(app: QuartTrio, services: Services) -> None:
             writable = False
         if writable and not services.writer.healthy:
             # The last commit failed (a map at its cap, an I/O error): free disk
-            # space alone says nothing then. One tiny commit tells, and its
-            # success is also what makes the writer healthy again.
-            writable = await _commit_probe(services)
+            # space alone says nothing then. A probe commit tells, and its
+            # success is also what makes the writer healthy again. One at a
+            # time: balancers polling meanwhile are told "not ready".
+            if probing:
+                writable = False
+            else:
+                probing.add(True)
+                try:
+                    writable = await _commit_probe(services)
+                finally:
+                    probing.clear()
         if writable:
             return Response(b'{"status":"ready"}', status=200, content_type="application/json")
         return Response(
@@ -81,8 +89,11 @@ class _ProbeWrite:
 
     It stores a megabyte (a 25-event batch of the largest events is about 3 MB,
     a typical one 10 KB) and deletes it in the same transaction: the pages are
-    allocated, so a map at its cap fails here, and nothing stays behind.
+    allocated, so a map at its cap fails here, and nothing stays behind. Solo:
+    in a transaction of its own, so its failure never fails an admission.
     """
+
+    solo = True
 
     def run(self, ctx: WriteContext) -> None:
         ctx.txn.put(b"ready_probe", _PROBE_VALUE, db=ctx.dbs.meta)
@@ -90,10 +101,10 @@ class _ProbeWrite:
 
 
 async def _commit_probe(services: Services) -> bool:
-    with trio.move_on_after(_PROBE_TIMEOUT_S):
-        try:
-            await services.writer.submit(_ProbeWrite())
-        except StorageError:
-            return False
-        return True
-    return False
+    # No timeout: a cancelled submit would leave its probe queued; a stuck
+    # writer keeps this request waiting (and every other probe answered 503).
+    try:
+        await services.writer.submit(_ProbeWrite())
+    except StorageError:
+        return False
+    return True

@@ -32,23 +32,23 @@ SKEW_MS = 5 * 60 * 1000  # spec 2.2: a client timestamp further off than this is
 
 
 class IdentityConsent(msgspec.Struct, frozen=True, array_like=True):
-    """When a visitor last decided, and its identity-resolution decision (None: not stated)."""
+    """A visitor's identity-resolution choice and when it was stated (None: never stated)."""
 
     at_ms: int
     identity_resolution: bool | None
 
 
 def later_identity(first: IdentityConsent | None, second: IdentityConsent) -> IdentityConsent:
-    """The two decisions combined: the newer one's identity choice, else the older one's.
+    """The choice stated most recently of the two; `second` arrived later and wins a tie in time.
 
-    `second` arrived later and wins a tie in time.
+    The same rule as the stored record's (storage.consent.merged), so combining
+    a request's decisions first and the record after gives what admission stores.
     """
-    if first is None:
+    if second.identity_resolution is None:
+        return first if first is not None else second
+    if first is None or first.identity_resolution is None or second.at_ms >= first.at_ms:
         return second
-    newer, older = (first, second) if first.at_ms > second.at_ms else (second, first)
-    if newer.identity_resolution is None:
-        return IdentityConsent(newer.at_ms, older.identity_resolution)
-    return newer
+    return first
 
 
 class ConsentState(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -7,8 +7,8 @@ A form field is classified from three kinds of evidence:
   `card_number` and `CARDNumber` all give `card number`). Names are also
   written run together (`accountnumber`, `userpassword`), so a word or the
   whole name that contains a long enough sensitive word or word pair
-  (`password`, `accountnumber`: six letters or more) counts too; shorter ones
-  (`ssn`, `cvv`, `taxid`) must match a whole word;
+  (`password`, `accountnumber`: eight letters or more) counts too; shorter ones
+  (`ssn`, `cvv`, `taxid`, `patient`) must match a whole word;
 - its declared type in `raw_fields` (HTML autocomplete tokens such as
   `cc-number`, `cc-csc`, or input types such as `password`; any token of a
   multi-token value such as `section-pay cc-csc` or `current-password webauthn`);
@@ -102,8 +102,9 @@ _PAIR_CLASS: dict[tuple[str, str], str] = {
 # Every sensitive word, and every pair written run together ("accountnumber").
 _RUN_TOGETHER: dict[str, str] = {**{a + b: kind for (a, b), kind in _PAIR_CLASS.items()}, **_WORD_CLASS}
 # Those long enough to be looked for inside a longer word without matching
-# ordinary ones ("tin" is in "setting", "hiv" in "archive", "otp" in "footprint").
-_MIN_INSIDE = 6
+# ordinary ones ("tin" is in "setting", "hiv" in "archive", "patient" in
+# "impatient", "cardno" in "cardnotes").
+_MIN_INSIDE = 8
 _INSIDE = re.compile("|".join(sorted((re.escape(w) for w in _RUN_TOGETHER if len(w) >= _MIN_INSIDE),
                                      key=len, reverse=True)))
 
@@ -111,7 +112,7 @@ _INSIDE = re.compile("|".join(sorted((re.escape(w) for w in _RUN_TOGETHER if len
 _TYPE_CLASS: dict[str, str] = {"password": "secret", "new-password": "secret",
                                "current-password": "secret", "one-time-code": "secret"}
 _CHECKOUT_WORDS = frozenset({"checkout", "payment", "payments", "purchase", "creditcard"})
-_CHECKOUT_INSIDE = ("checkout", "payment", "creditcard")
+_FORM_WORDS = frozenset({"", "form", "page", "step", "details", "info", "section", "modal"})
 # A US SSN or ITIN (ITINs are the 9xx area): ddd-dd-dddd with no all-zero group.
 _SSN = re.compile(r"^(?!000|666)\d{3}-(?!00)\d{2}-(?!0000)\d{4}$")
 _IBAN = re.compile(r"^[A-Z]{2}\d{2}[A-Z0-9]{11,30}$")
@@ -193,9 +194,12 @@ def names_checkout(text: str) -> bool:
     """True when a form id or selector names a checkout or payment form."""
     # Cached: a site sends the same few form ids and selectors over and over.
     words = _words(text)
-    # Run together ("PAYMENTFORM", "checkoutstep"); "purchase" only as a word ("purchases" is a history).
+    # Run together with a form word ("PAYMENTFORM", "checkoutstep"), not any longer word:
+    # "repayment", "checkoutsurvey" and "purchases" are other forms.
     return bool(_CHECKOUT_WORDS.intersection(words)) or any(
-        inside in word for word in (*words, "".join(words)) for inside in _CHECKOUT_INSIDE
+        word.startswith(checkout) and word[len(checkout) :] in _FORM_WORDS
+        for word in (*words, "".join(words))
+        for checkout in _CHECKOUT_WORDS
     )
 
 

@@ -9,12 +9,13 @@ How we read the spec's constants (also in the README):
 - The plan is the billing account's (paid when any of its keys is paid;
   see tenants_admin), since the allowances it sets are pooled per account.
 - Pageview ceiling (`X-Service-Budget-Ceiling`): the included allowance while
-  overage is off (8.3: "equals the allowance with overage off"), which a
-  contract's `pageviewCeiling` may only lower; with overage on (paid accounts
-  only) the default safety ceiling of 8.4, "twice the lower-tier allowance",
-  read as twice the allowance of the tier the account is on (the tier below
-  the overage tier, where overage starts): Pro 2 x 25,000 = 50,000, which a
-  contract's `pageviewCeiling` replaces.
+  overage is off (8.3: "equals the allowance with overage off"; a contract
+  lowers it through `monthlyPageviews`, its `pageviewCeiling` applies only with
+  overage on); with overage on (paid accounts only) the default safety
+  ceiling of 8.4, "twice the lower-tier allowance", read as twice the
+  allowance of the tier the account is on (the tier below the overage tier,
+  where overage starts): Pro 2 x 25,000 = 50,000, which a contract's
+  `pageviewCeiling` replaces.
 - Signals Coverage: `full` while the units used are within the included units
   (within the coverage safety ceiling instead while paid overage is on), and
   never past that ceiling (spec 3: "or safety ceiling reached"); `degraded`
@@ -78,11 +79,9 @@ def policy_for(key: KeyRecord) -> UsagePolicy:
     pageview_ceiling = 2 * pageviews if overage else pageviews
     coverage_ceiling = 2 * coverage
     if contract is not None:
-        if contract.pageviewCeiling is not None:
-            # With overage off the hard stop is the allowance: a contract can only lower it.
-            pageview_ceiling = (
-                contract.pageviewCeiling if overage else min(pageview_ceiling, contract.pageviewCeiling)
-            )
+        if contract.pageviewCeiling is not None and overage:
+            # (With overage off the hard stop is the allowance itself, spec 8.3.)
+            pageview_ceiling = contract.pageviewCeiling
         if contract.coverageCeiling is not None:
             coverage_ceiling = contract.coverageCeiling
     return UsagePolicy(
@@ -159,12 +158,7 @@ def decide(
     if add_pageviews and pageviews > policy.pageview_ceiling:
         return UsageRefusal(
             code="usage_limit_exceeded",
-            # The allowance itself stops it only with overage off and no lower contract ceiling.
-            reason=(
-                "included_limit_reached"
-                if not policy.overage and policy.pageview_ceiling == policy.pageview_included
-                else "safety_ceiling_reached"
-            ),
+            reason="safety_ceiling_reached" if policy.overage else "included_limit_reached",
             period=period,
             used=used_pageviews,
             included=policy.pageview_included,

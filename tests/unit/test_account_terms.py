@@ -53,3 +53,27 @@ def test_hosts_browsers_encode_but_idna_2008_refuses_still_match() -> None:
     assert normalize_domain("☃.net") == "xn--n3h.net"
     assert normalize_domain("straße.de") == "xn--strae-oqa.de"
     assert domain_problem("i❤.ws") is None
+
+
+def test_an_account_keeps_its_paid_plan_when_a_key_moves_away(tmp_path: Path) -> None:
+    # Records imported before the account had a plan (accountPlan absent); the first key by
+    # name is free. A key moving to another account must not turn the account free.
+    import msgspec
+
+    from collector.access.tenants import encode_record
+    from storage import keys as key_store
+
+    site = {"sites": [{"siteId": "w", "domains": ["a.example"]}]}
+    free = {"key": "cs_live_aaaa0000000", "clientId": "a1", "billingAccount": "A", "plan": "free", **site}
+    paid = {"key": "cs_live_bbbb0000000", "clientId": "a2", "billingAccount": "A", "plan": "paid", **site}
+    moving = {"key": "cs_live_cccc0000000", "clientId": "a3", "billingAccount": "A", "plan": "paid", **site}
+    storage = Storage(tmp_path)
+    try:
+        _import(storage, free, paid, moving)
+        older = [msgspec.structs.replace(r, accountPlan=None) for r in list_records(storage)]
+        key_store.put_keys(storage, [(r.key, encode_record(r)) for r in older])
+        _import(storage, {**moving, "billingAccount": "B"})
+        plans = {r.key: policy_for(r).plan.value for r in list_records(storage)}
+        assert plans == {free["key"]: "paid", paid["key"]: "paid", moving["key"]: "paid"}
+    finally:
+        storage.close()

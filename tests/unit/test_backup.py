@@ -19,6 +19,7 @@ from storage.backup import MANIFEST, BackupError, BackupManifest, backup, restor
 from storage.check import check
 from storage.env import FORMAT_VERSION, Storage
 from storage.errors import StorageError
+from storage.writer import WriteContext, run_job_now
 from tests.unit.test_check import add_key, admit
 
 
@@ -257,3 +258,22 @@ def test_restore_refuses_a_directory_a_collector_has_open(live: Storage, tmp_pat
         holder.wait()
     restore(tmp_path / "bk", live.path, force=True)
     assert eids(live.path) == ["a", "b", "c"]
+
+
+def test_restore_of_a_backup_larger_than_lmdb_default_map(live: Storage, tmp_path: Path) -> None:
+    # py-lmdb maps 10 MiB unless told otherwise; a compacted copy has no free pages.
+    class Pad:
+        def run(self, ctx: WriteContext) -> None:
+            for n in range(14):
+                ctx.txn.put(f"pad{n}".encode(), bytes(1024 * 1024), db=ctx.dbs.meta)
+
+    run_job_now(live, Pad())
+    manifest = backup(live, tmp_path / "big")
+    assert manifest.data_bytes > 14 * 1024 * 1024
+    live.close()
+    restore(tmp_path / "big", tmp_path / "restored")
+    storage = Storage(tmp_path / "restored")
+    try:
+        assert check(storage).problems == []
+    finally:
+        storage.close()

@@ -6,6 +6,8 @@ import json
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from collector.ingest.consent import (
     IdentityConsent,
@@ -23,6 +25,8 @@ from collector.ingest.privacy import (
 )
 from collector.ingest.schema import AnyEvent, Form
 from collector.ingest.sealing import FieldSealer, SealError, field_aad, seal_sensitive
+from storage import consent as consent_store
+from storage.consent import RecordedConsent
 
 _decoder = msgspec.json.Decoder(AnyEvent)  # type: ignore[arg-type]
 
@@ -67,7 +71,7 @@ def test_sensitive_field_names(name: str, kind: str) -> None:
      "discount_code", "promo_code", "date_of_birth", "address_line1",
      # short sensitive words are not looked for inside longer ones, nor across words
      "settings", "archive", "footprint", "continue", "database", "paidNumber", "URLPath", "XMLHttpRequest",
-     "postcode", "countrycode", "invoiceNumber", "accountType"],
+     "postcode", "countrycode", "invoiceNumber", "accountType", "impatient", "cardnotes"],
 )
 def test_ordinary_field_names(name: str) -> None:
     assert classify_field_name(name) is None
@@ -127,8 +131,44 @@ def test_later_identity_takes_each_choice_from_the_newest_decision_that_states_i
     assert later_identity(None, IdentityConsent(5, None)) == IdentityConsent(5, None)
     assert later_identity(IdentityConsent(5, False), IdentityConsent(9, True)) == IdentityConsent(9, True)
     assert later_identity(IdentityConsent(9, False), IdentityConsent(5, True)) == IdentityConsent(9, False)
-    assert later_identity(IdentityConsent(5, False), IdentityConsent(9, None)) == IdentityConsent(9, False)
+    assert later_identity(IdentityConsent(5, False), IdentityConsent(9, None)) == IdentityConsent(5, False)
     assert later_identity(IdentityConsent(5, True), IdentityConsent(5, False)) == IdentityConsent(5, False)
+
+
+@given(
+    decisions=st.lists(st.tuples(st.integers(0, 20), st.sampled_from([True, False, None])), min_size=1, max_size=8),
+    recorded=st.integers(0, 8),
+)
+def test_the_request_view_agrees_with_what_admission_records(
+    decisions: list[tuple[int, bool | None]], recorded: int
+) -> None:
+    # The first `recorded` decisions are stored one by one (storage.consent.merged); the rest
+    # arrive in one request, whose view combines them first and the stored record after.
+    def record(at: int, identity: bool | None, n: int) -> RecordedConsent:
+        return RecordedConsent(at, True, identity, None, f"e{n}")
+
+    stored: RecordedConsent | None = None
+    for n, (at, identity) in enumerate(decisions):
+        raw = consent_store.encode(stored) if stored is not None else None
+        stored = consent_store.merged(record(at, identity, n), raw) or stored
+        if n + 1 == recorded:
+            break
+    split = min(recorded, len(decisions))
+    before = None
+    if split:
+        before = stored
+        assert before is not None
+    view = IdentityConsent(before.identity_time(), before.identity_resolution) if before else None
+    pending: IdentityConsent | None = None
+    for at, identity in decisions[split:]:
+        pending = later_identity(pending, IdentityConsent(at, identity))
+    combined = later_identity(view, pending) if pending is not None else view
+    final: RecordedConsent | None = None
+    for n, (at, identity) in enumerate(decisions):
+        raw = consent_store.encode(final) if final is not None else None
+        final = consent_store.merged(record(at, identity, n), raw) or final
+    assert final is not None
+    assert (combined.identity_resolution if combined else None) == final.identity_resolution
 
 
 def test_a_fast_or_absurd_client_clock_is_the_time_of_receipt() -> None:
@@ -167,7 +207,7 @@ def test_without_a_sealer_values_are_withheld_not_stored_plain() -> None:
     ("text", "checkout"),
     [("checkout", True), ("#payment-form", True), ("form.Checkout_Step", True), ("creditCard", True),
      ("newsletter", False), ("", False), ("pay", False), ("purchases", False), ("PAYMENTFORM", True),
-     ("checkoutstep", True)],
+     ("checkoutstep", True), ("repaymentPlan", False), ("prepaymentinfo", False), ("checkoutsurvey", False)],
 )
 def test_checkout_names(text: str, checkout: bool) -> None:
     assert names_checkout(text) is checkout

@@ -13,7 +13,7 @@ import trio.testing
 from storage import counters, idempotency, outbox
 from storage.admission import Admission, AdmissionResult, Candidate, Conflict
 from storage.env import FORMAT_VERSION, Storage
-from storage.errors import FormatError, WriterBusy
+from storage.errors import FormatError, StorageFull, WriterBusy
 from storage.writer import GroupCommitWriter, JobRefused, WriteContext, run_job_now
 
 UNITS = ("pageview", "coverage")
@@ -254,3 +254,35 @@ def test_a_reader_killed_mid_read_is_cleared(tmp_path: Path) -> None:
         assert storage.clear_stale_readers() == 0
     finally:
         storage.close()
+
+
+async def test_a_solo_job_commits_alone_so_its_failure_spares_the_group(tmp_path: Path) -> None:
+    # A map at its cap: a large solo write fails, the small admissions queued around it commit.
+    storage = Storage(tmp_path, map_size=1024 * 1024, max_map_size=1024 * 1024)
+    writer = GroupCommitWriter(storage)
+
+    class Large:
+        solo = True
+
+        def run(self, ctx: WriteContext) -> None:
+            ctx.txn.put(b"large", bytes(2 * 1024 * 1024), db=ctx.dbs.meta)
+
+    outcomes: dict[str, object] = {}
+
+    async def submit(name: str, job: object) -> None:
+        try:
+            outcomes[name] = await writer.submit(job)  # type: ignore[arg-type]
+        except StorageFull as exc:
+            outcomes[name] = exc
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        async with trio.open_nursery() as clients:
+            clients.start_soon(submit, "before", admission(["s1"]))
+            clients.start_soon(submit, "large", Large())
+            clients.start_soon(submit, "after", admission(["s2"]))
+        nursery.cancel_scope.cancel()
+    assert isinstance(outcomes["large"], StorageFull)
+    assert isinstance(outcomes["before"], AdmissionResult) and isinstance(outcomes["after"], AdmissionResult)
+    assert outbox.last_seq(storage) == 2
+    storage.close()
