@@ -191,16 +191,22 @@ async def test_a_contract_and_overage_belong_to_the_billing_account(nursery: tri
     assert listed[twin]["accountContract"] == {"monthlyPageviews": 200} and not listed[twin].get("accountOverage")
 
 
+async def paid_key_server(
+    nursery: trio.Nursery, tmp_path: Path, key: str, contract: dict[str, int]
+) -> RunningServer:
+    """A server with one paid key, overage off, on `contract`."""
+    tenants = {"keys": [{"key": key, "clientId": key[8:], "plan": "paid", "rateLimit": 5000,
+                         "sites": [{"siteId": "s", "domains": ["shop.example"]}], "contract": contract}]}
+    return await start_server(nursery, tmp_path, tenants)
+
+
 async def test_with_overage_off_a_higher_contract_ceiling_does_not_pass_the_allowance(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     # Spec 3: with overage off, a batch that would exceed the allowance is refused (429, accepted 0);
     # 8.3: the Budget-Ceiling "equals the allowance with overage off".
     capped = "cs_live_capped00000"
-    tenants = {"keys": [{"key": capped, "clientId": "capped", "plan": "paid", "rateLimit": 5000,
-                         "sites": [{"siteId": "c", "domains": ["shop.example"]}],
-                         "contract": {"monthlyPageviews": 5, "pageviewCeiling": 8}}]}
-    server = await start_server(nursery, tmp_path, tenants)
+    server = await paid_key_server(nursery, tmp_path, capped, {"monthlyPageviews": 5, "pageviewCeiling": 8})
     full = await send(server, capped, [pageview(f"c{i}") for i in range(5)])
     assert full.status_code == 202
     assert (full.headers["X-Service-Billing-Mode"], full.headers["X-Service-Budget-Ceiling"]) == ("full", "5")
@@ -215,10 +221,7 @@ async def test_signals_reads_degrade_at_a_coverage_ceiling_below_the_allowance(
 ) -> None:
     # Spec 3: a read is degraded when coverage is exhausted "or safety ceiling reached".
     low = "cs_live_lowceil0000"
-    tenants = {"keys": [{"key": low, "clientId": "low", "plan": "paid", "rateLimit": 5000,
-                         "sites": [{"siteId": "l", "domains": ["shop.example"]}],
-                         "contract": {"signalsCoverage": 10, "coverageCeiling": 4}}]}
-    server = await start_server(nursery, tmp_path, tenants)
+    server = await paid_key_server(nursery, tmp_path, low, {"signalsCoverage": 10, "coverageCeiling": 4})
     clicks = await send(server, low, [click(f"k{i}") for i in range(4)])
     assert clicks.headers["X-Service-Signals-Coverage-Used"] == "4"
     assert clicks.headers["X-Service-Signals-Coverage-Mode"] == "full"
