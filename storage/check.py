@@ -30,7 +30,7 @@ import msgspec
 from storage import counters, idempotency, outbox, replay
 from storage.audit import verify_chain
 from storage.env import Storage
-from storage.errors import mapped_lmdb_errors
+from storage.errors import UNREADABLE_RECORD, mapped_lmdb_errors
 from storage.outbox import receipt_seq
 from storage.retention import RETAINED_FROM
 
@@ -134,7 +134,7 @@ class _Checker:
         try:
             record = outbox.decode(value)
             facts = _facts_decoder.decode(record.event)
-        except msgspec.DecodeError as exc:
+        except UNREADABLE_RECORD as exc:
             self.problem(f"outbox seq {seq} does not decode: {exc}")
             return
         if receipt_seq(record.receipt_id) != seq:
@@ -148,7 +148,11 @@ class _Checker:
         unit = unit_of(facts)
         if unit is not None:
             ms = facts.receivedAt if facts.receivedAt is not None else record.committed_ms
-            period = time.strftime("%Y-%m", time.gmtime(ms / 1000))
+            try:
+                period = time.strftime("%Y-%m", time.gmtime(ms / 1000))
+            except (OverflowError, OSError, ValueError):  # past what the platform's time_t holds
+                self.problem(f"outbox seq {seq} was received at {ms}, a time in no billing period")
+                return
             self.counted[(record.client_id, period, unit)] += 1
 
     def idempotency(self) -> None:
@@ -158,7 +162,7 @@ class _Checker:
             shown = bytes(key).decode(errors="replace").replace("\x00", "/")
             try:
                 record = idempotency.decode(value)
-            except msgspec.DecodeError as exc:
+            except UNREADABLE_RECORD as exc:
                 self.problem(f"idempotency record {shown} does not decode: {exc}")
                 continue
             seq = receipt_seq(record.receipt_id)
@@ -177,7 +181,7 @@ class _Checker:
                 continue
             try:
                 stored = outbox.decode(raw)
-            except msgspec.DecodeError:
+            except UNREADABLE_RECORD:
                 continue  # reported by the outbox pass
             if stored.receipt_id != record.receipt_id or bytes(key) != idempotency.ledger_key(
                 stored.client_id, stored.eid
@@ -193,7 +197,7 @@ class _Checker:
             self.report.keys += 1
             try:
                 facts = _key_decoder.decode(value)
-            except msgspec.DecodeError as exc:
+            except UNREADABLE_RECORD as exc:
                 self.problem(f"key record {bytes(key)[:12]!r}... does not decode: {exc}")
                 continue
             accounts.setdefault(facts.clientId, set()).add(facts.billingAccount or facts.clientId)
@@ -234,7 +238,7 @@ class _Checker:
                 continue
             try:
                 replay.decode(value)
-            except msgspec.DecodeError as exc:
+            except UNREADABLE_RECORD as exc:
                 client, site, session, seq = parts
                 self.problem(f"replay chunk {client}/{site}/{session}/{seq} does not decode: {exc}")
 
