@@ -161,11 +161,26 @@ def cmd_stream_token_mint(args: argparse.Namespace) -> int:
 
 
 def cmd_outbox_dump(args: argparse.Namespace) -> int:
+    """Every readable record on stdout; one line on stderr per record that does not decode, then exit 1."""
     from storage.outbox import iter_outbox
 
     out = sys.stdout
+    unreadable = 0
+
+    def skip(seq: int, error: Exception) -> None:
+        # Carry on: one damaged record must not hide the rest of the outbox.
+        nonlocal unreadable
+        unreadable += 1
+        out.flush()  # keeps the two streams in order on one terminal
+        print(f"collector: outbox seq {seq} does not decode, skipped: {error}", file=sys.stderr)
+
     with _storage(args) as storage:
-        for seq, record in iter_outbox(storage, after=args.after):
+        for seq, record in iter_outbox(storage, after=args.after, on_unreadable=skip):
+            try:
+                event = record.event.decode()  # stored as bytes: decoding the record never read it
+            except UnicodeDecodeError as exc:
+                skip(seq, exc)
+                continue
             head = _json.encode(
                 {
                     "seq": seq,
@@ -178,8 +193,8 @@ def cmd_outbox_dump(args: argparse.Namespace) -> int:
                 }
             )
             # The stored event is already JSON: splice it in rather than re-encode it.
-            out.write(f'{head[:-1].decode()},"event":{record.event.decode()}}}\n')
-    return 0
+            out.write(f'{head[:-1].decode()},"event":{event}}}\n')
+    return 1 if unreadable else 0
 
 
 def cmd_reveal(args: argparse.Namespace) -> int:

@@ -1,0 +1,48 @@
+"""A stored record damaged on disk: the operator commands report it and carry on, never a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import trio
+
+from storage.outbox import seq_key
+from tests.conftest import BROWSER_KEY, RunningServer, pageview
+from tests.helpers import rewrite_stored, run_cli
+
+H = {"X-API-Key": BROWSER_KEY, "Origin": "https://acme.com"}
+
+
+async def committed(server: RunningServer, count: int) -> None:
+    events = [pageview(f"e{n}") for n in range(count)]
+    response = await server.client.post("/v1/events", json={"events": events}, headers=H)
+    assert response.status_code == 202 and response.json()["accepted"] == count
+
+
+def cli(*args: str, data_dir: Path) -> tuple[int, str, str]:
+    result = run_cli(*args, data_dir=data_dir, check=False)
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.returncode, result.stdout, result.stderr
+
+
+async def test_check_and_dump_report_an_outbox_record_that_is_not_utf8(server: RunningServer) -> None:
+    await committed(server, 4)
+    # the auditor's damage: a byte of the client id replaced with 0xFF
+    rewrite_stored(server.data_dir, "outbox", seq_key(2), spoil=b"acme")
+    # and the stored event JSON of seq 3 (kept as bytes: decoding the record does not read it)
+    rewrite_stored(server.data_dir, "outbox", seq_key(3), spoil=b"pageview")
+
+    status, out, _ = await trio.to_thread.run_sync(lambda: cli("check", data_dir=server.data_dir))
+    assert status == 1
+    problems = json.loads(out)["problems"]
+    for seq in (2, 3):
+        assert any(p.startswith(f"outbox seq {seq} does not decode: 'utf-8' codec") for p in problems), problems
+
+    status, out, err = await trio.to_thread.run_sync(lambda: cli("outbox", "dump", data_dir=server.data_dir))
+    assert status == 1
+    assert [json.loads(line)["seq"] for line in out.splitlines()] == [1, 4]  # carries on past them
+    lines = err.splitlines()
+    assert len(lines) == 2
+    for seq, line in zip((2, 3), lines, strict=True):
+        assert line.startswith(f"collector: outbox seq {seq} does not decode, skipped: 'utf-8' codec")
