@@ -7,8 +7,9 @@ from pathlib import Path
 
 import trio
 
+from storage.idempotency import ledger_key
 from storage.outbox import seq_key
-from tests.conftest import BROWSER_KEY, RunningServer, pageview
+from tests.conftest import BROWSER_KEY, RunningServer, pageview, start_server
 from tests.helpers import rewrite_stored, run_cli
 
 H = {"X-API-Key": BROWSER_KEY, "Origin": "https://acme.com"}
@@ -46,3 +47,27 @@ async def test_check_and_dump_report_an_outbox_record_that_is_not_utf8(server: R
     assert len(lines) == 2
     for seq, line in zip((2, 3), lines, strict=True):
         assert line.startswith(f"collector: outbox seq {seq} does not decode, skipped: 'utf-8' codec")
+
+
+async def test_retention_steps_over_records_that_do_not_decode(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await start_server(
+        nursery, tmp_path, outbox_retention_hours=1, idempotency_window_hours=24, retention_interval_s=0.2
+    )
+    await committed(server, 3)
+    rewrite_stored(server.data_dir, "outbox", seq_key(2), spoil=b"acme")
+    rewrite_stored(server.data_dir, "idempotency", ledger_key("acme", "e0"), spoil=b"rcpt_")
+    server.clock.offset = 25 * 3600  # past both the outbox retention and the idempotency window
+    for _ in range(50):
+        if "collector_outbox_entries 1.0" in (await server.client.get("/metrics")).text:
+            break
+        await trio.sleep(0.2)
+    else:
+        raise AssertionError("retention did not remove the readable outbox records")
+    status, out, _ = await trio.to_thread.run_sync(lambda: cli("check", data_dir=server.data_dir))
+    report = json.loads(out)
+    # what it could not read is kept, for check to report; the rest is gone
+    assert (status, report["outbox_records"], report["idempotency_records"]) == (1, 1, 1)
+    assert [p.split(":")[0] for p in report["problems"]] == [
+        "outbox seq 2 does not decode",
+        "idempotency record acme/e0 does not decode",
+    ]
