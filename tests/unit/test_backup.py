@@ -245,3 +245,11 @@ def test_restore_refuses_a_directory_a_collector_has_open(live: Storage, tmp_pat
         holder.wait()
     restore(tmp_path / "bk", live.path, force=True)
     assert eids(live.path) == ["a", "b", "c"]
+
+
+def test_a_manifest_that_is_not_utf8_is_refused(live: Storage, tmp_path: Path) -> None:
+    backup(live, tmp_path / "bk")
+    manifest = tmp_path / "bk" / MANIFEST
+    manifest.write_bytes(manifest.read_bytes().replace(b'"nodeId":"', b'"nodeId":"\xff', 1))
+    with pytest.raises(BackupError, match="is not a backup manifest"):
+        restore(tmp_path / "bk", tmp_path / "t")

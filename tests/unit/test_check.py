@@ -14,6 +14,7 @@ from storage.admission import Admission, AdmissionResult, Candidate
 from storage.audit import append_entry
 from storage.check import check
 from storage.env import Storage
+from storage.errors import StorageError
 from storage.keys import put_keys
 from storage.retention import RetentionSweep
 from storage.writer import run_job_now
@@ -310,3 +311,11 @@ def test_an_event_received_outside_any_period_is_a_problem(storage: Storage) -> 
     wild = msgspec.structs.replace(record, event=json.dumps(event).encode())
     put_raw(storage, "outbox", outbox.seq_key(1), outbox.encode(wild))
     assert "outbox seq 1 was received at 1e+300, a time in no billing period" in check(storage).problems
+
+
+def test_no_audit_entry_is_chained_onto_one_that_does_not_decode(storage: Storage) -> None:
+    append_entry(storage, at_ms=NOV, who="op", action="reveal", receipt_id="r", fields=[], reason="why")
+    put_raw(storage, "audit", (1).to_bytes(8, "big"), b'{"seq": 1, "who": "\xff"}')
+    with pytest.raises(StorageError, match="the last audit entry does not decode"):
+        append_entry(storage, at_ms=NOV, who="op", action="reveal", receipt_id="r", fields=[], reason="why")
+    assert check(storage).problems == ["audit entry 1 does not decode"]
