@@ -224,8 +224,17 @@ def cmd_audit_list(args: argparse.Namespace) -> int:
 def cmd_visitors_show(args: argparse.Namespace) -> int:
     from storage.visitors import iter_visitors
 
+    unreadable = 0
+
+    def skip(client: str, site: str, error: Exception) -> None:
+        nonlocal unreadable
+        unreadable += 1
+        sys.stdout.flush()
+        where = f"{client}/{site}/{args.visitor_id}"
+        print(f"collector: visitor record {where} does not decode, skipped: {error}", file=sys.stderr)
+
     with _storage(args) as storage:
-        for client, site, record in iter_visitors(storage, args.visitor_id, args.client):
+        for client, site, record in iter_visitors(storage, args.visitor_id, args.client, on_unreadable=skip):
             row = {
                 "clientId": client,
                 "siteId": site,
@@ -241,7 +250,7 @@ def cmd_visitors_show(args: argparse.Namespace) -> int:
                 "lastSeen": record.last_ms,
             }
             print(_json.encode(row).decode())
-    return 0
+    return 1 if unreadable else 0
 
 
 def cmd_keys_rotate_field_key(args: argparse.Namespace) -> int:

@@ -9,7 +9,9 @@ import trio
 
 from storage.idempotency import ledger_key
 from storage.outbox import seq_key
+from storage.visitors import visitor_key
 from tests.conftest import BROWSER_KEY, RunningServer, pageview, start_server
+from tests.e2e import test_signals_read as signals
 from tests.helpers import rewrite_stored, run_cli
 
 H = {"X-API-Key": BROWSER_KEY, "Origin": "https://acme.com"}
@@ -71,3 +73,32 @@ async def test_retention_steps_over_records_that_do_not_decode(nursery: trio.Nur
         "outbox seq 2 does not decode",
         "idempotency record acme/e0 does not decode",
     ]
+
+
+def gauge(metrics: str, name: str) -> float:
+    [value] = [float(line.split(" ")[1]) for line in metrics.splitlines() if line.startswith(name + " ")]
+    return value
+
+
+async def test_a_visitor_record_that_does_not_decode_stops_no_one(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await signals.started(nursery, tmp_path)
+    origin = signals.FREE_ORIGIN
+    await signals.post(server, signals.FREE, [signals.event("a1", "pageview", "v1"),
+                                              signals.event("a2", "pageview", "v2")], **origin)
+    await signals.folded(server)
+    rewrite_stored(server.data_dir, "visitors", visitor_key("acme", "web", "v1"), value=b"garbage")
+    await signals.post(server, signals.FREE, [signals.event("b1", "click", "v1"),
+                                              signals.event("b2", "click", "v2")], **origin)
+    await signals.post(server, signals.FREE, [signals.event("c1", "scroll", "v2")], **origin)
+    await signals.folded(server)  # the lag used to stay up, the catch-up failing every second
+    metrics = (await server.client.get("/metrics")).text
+    assert gauge(metrics, "collector_visitor_records_rebuilt") == 1
+    assert gauge(metrics, "collector_visitor_fold_at_commit_skipped") == 0
+    one = await signals.read(server, "v1", key=signals.FREE, **origin)
+    assert one.status_code == 200, one.text  # it was 503
+    assert one.json()["activity"]["events"] == 1 and one.json()["activity"]["clicks"] == 1  # started afresh
+    two = await signals.read(server, "v2", key=signals.FREE, **origin)
+    assert two.json()["activity"]["events"] == 3  # the other visitor keeps every event
+    status, _, _ = await trio.to_thread.run_sync(lambda: cli("check", data_dir=server.data_dir))
+    assert status == 0  # the rebuilt record decodes
+
