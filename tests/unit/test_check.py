@@ -17,6 +17,7 @@ from storage.env import Storage
 from storage.errors import StorageError
 from storage.keys import put_keys
 from storage.retention import RetentionSweep
+from storage.visitors import FoldVisitors, visitor_key
 from storage.writer import run_job_now
 
 NOV = calendar.timegm((2026, 11, 15, 12, 0, 0)) * 1000
@@ -319,3 +320,20 @@ def test_no_audit_entry_is_chained_onto_one_that_does_not_decode(storage: Storag
     with pytest.raises(StorageError, match="the last audit entry does not decode"):
         append_entry(storage, at_ms=NOV, who="op", action="reveal", receipt_id="r", fields=[], reason="why")
     assert check(storage).problems == ["audit entry 1 does not decode"]
+
+
+def test_visitor_records_that_do_not_decode_and_cursors_past_the_head(storage: Storage) -> None:
+    run_job_now(storage, FoldVisitors(), now_ms=NOV)
+    report = check(storage)
+    assert report.ok and report.visitor_records == 1  # the fixture has one visitor
+    put_raw(storage, "visitors", visitor_key("acme", "web", "v" * 32), b"garbage")
+    put_raw(storage, "visitors", b"no separators", b"")
+    put_raw(storage, "cursors", b"visitors", (9 + 9999).to_bytes(8, "big"))
+    put_raw(storage, "cursors", b"other", b"\x01")
+    problems = check(storage).problems
+    assert problems[0].startswith(f"visitor record acme/web/{'v' * 32} does not decode")
+    assert problems[1:] == [
+        "visitor key b'no separators' is malformed",
+        "cursor other is not an 8-byte sequence number: b'\\x01'",
+        "cursor visitors is at seq 10008, past the outbox head 8",
+    ]
