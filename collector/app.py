@@ -156,8 +156,13 @@ def _component_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
         "Groups left to the catch-up (the visitor cursor was behind them, or events lacked their facts)",
         fold.skipped,
     )
-    if services.projection is not None:
-        projection = services.projection.statistics()
+    projection = services.projection.statistics() if services.projection is not None else None
+    yield gauge(
+        "collector_visitor_records_rebuilt",
+        "Visitor records that did not decode, which a fold started afresh from the visitor's new events",
+        fold.rebuilt + (projection.rebuilt if projection is not None else 0),
+    )
+    if projection is not None:
         yield gauge("collector_visitor_projection_cursor", "Last outbox seq folded into visitors", projection.cursor)
         yield gauge(
             "collector_visitor_projection_lag",

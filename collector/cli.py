@@ -170,11 +170,26 @@ def cmd_stream_token_mint(args: argparse.Namespace) -> int:
 
 
 def cmd_outbox_dump(args: argparse.Namespace) -> int:
+    """Every readable record on stdout; one line on stderr per record that does not decode, then exit 1."""
     from storage.outbox import iter_outbox
 
     out = sys.stdout
+    unreadable = 0
+
+    def skip(seq: int, error: Exception) -> None:
+        # Carry on: one damaged record must not hide the rest of the outbox.
+        nonlocal unreadable
+        unreadable += 1
+        out.flush()  # keeps the two streams in order on one terminal
+        print(f"collector: outbox seq {seq} does not decode, skipped: {error}", file=sys.stderr)
+
     with _storage(args) as storage:
-        for seq, record in iter_outbox(storage, after=args.after):
+        for seq, record in iter_outbox(storage, after=args.after, on_unreadable=skip):
+            try:
+                event = record.event.decode()  # stored as bytes: decoding the record never read it
+            except UnicodeDecodeError as exc:
+                skip(seq, exc)
+                continue
             head = _json.encode(
                 {
                     "seq": seq,
@@ -187,8 +202,8 @@ def cmd_outbox_dump(args: argparse.Namespace) -> int:
                 }
             )
             # The stored event is already JSON: splice it in rather than re-encode it.
-            out.write(f'{head[:-1].decode()},"event":{record.event.decode()}}}\n')
-    return 0
+            out.write(f'{head[:-1].decode()},"event":{event}}}\n')
+    return 1 if unreadable else 0
 
 
 def cmd_reveal(args: argparse.Namespace) -> int:
@@ -218,8 +233,17 @@ def cmd_audit_list(args: argparse.Namespace) -> int:
 def cmd_visitors_show(args: argparse.Namespace) -> int:
     from storage.visitors import iter_visitors
 
+    unreadable = 0
+
+    def skip(client: str, site: str, error: Exception) -> None:
+        nonlocal unreadable
+        unreadable += 1
+        sys.stdout.flush()
+        where = f"{client}/{site}/{args.visitor_id}"
+        print(f"collector: visitor record {where} does not decode, skipped: {error}", file=sys.stderr)
+
     with _storage(args) as storage:
-        for client, site, record in iter_visitors(storage, args.visitor_id, args.client):
+        for client, site, record in iter_visitors(storage, args.visitor_id, args.client, on_unreadable=skip):
             row = {
                 "clientId": client,
                 "siteId": site,
@@ -235,7 +259,7 @@ def cmd_visitors_show(args: argparse.Namespace) -> int:
                 "lastSeen": record.last_ms,
             }
             print(_json.encode(row).decode())
-    return 0
+    return 1 if unreadable else 0
 
 
 def cmd_keys_rotate_field_key(args: argparse.Namespace) -> int:

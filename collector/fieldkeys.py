@@ -24,6 +24,7 @@ import msgspec
 
 from collector.ingest.sealing import FieldSealer
 from collector.settings import Settings
+from storage.errors import UNREADABLE_RECORD
 
 DEFAULT_NAME = "field-keys.json"
 
@@ -70,7 +71,7 @@ def _read(path: Path) -> _KeyFile:
         raise KeyFileError(f"field key file {path} is readable by others: chmod 600 it")
     try:
         return msgspec.json.decode(path.read_bytes(), type=_KeyFile)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except UNREADABLE_RECORD as exc:
         raise KeyFileError(f"field key file {path} is not valid: {exc}") from None
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import msgspec
 
 from storage.env import Storage
-from storage.errors import mapped_lmdb_errors
+from storage.errors import UNREADABLE_RECORD, StorageError, mapped_lmdb_errors
 
 GENESIS = "0" * 64
 
@@ -48,7 +48,11 @@ def append_entry(
     with mapped_lmdb_errors(), storage.env.begin(write=True) as txn:
         cursor = txn.cursor(db=storage.dbs.audit)
         if cursor.last():
-            last = _decoder.decode(cursor.value())
+            try:
+                last = _decoder.decode(cursor.value())
+            except UNREADABLE_RECORD as exc:
+                # Chaining onto an entry we cannot read would bless whatever it holds.
+                raise StorageError(f"the last audit entry does not decode ({exc}); see `collector check`") from None
             seq, prev = last.seq + 1, last.hash
         else:
             seq, prev = 1, GENESIS
@@ -59,20 +63,38 @@ def append_entry(
 
 
 def iter_entries(storage: Storage) -> Iterator[AuditEntry]:
+    """Every entry in order; one that does not decode is left out (`verify_chain` reports it)."""
+    for _, entry in _entries(storage):
+        if entry is not None:
+            yield entry
+
+
+def _entries(storage: Storage) -> list[tuple[int, AuditEntry | None]]:
+    """(the seq of its key, the entry or None when it does not decode) for every entry."""
     with mapped_lmdb_errors(), storage.read() as txn:
-        rows = [bytes(value) for _, value in txn.cursor(db=storage.dbs.audit)]
-    for raw in rows:
-        yield _decoder.decode(raw)
+        rows = [(int.from_bytes(key, "big"), bytes(value)) for key, value in txn.cursor(db=storage.dbs.audit)]
+    entries: list[tuple[int, AuditEntry | None]] = []
+    for seq, raw in rows:
+        try:
+            entries.append((seq, _decoder.decode(raw)))
+        except UNREADABLE_RECORD:
+            entries.append((seq, None))
+    return entries
 
 
 def verify_chain(storage: Storage) -> list[str]:
     """Problems found in the chain; empty when every entry is intact and in place."""
     problems: list[str] = []
-    prev, expected_seq = GENESIS, 1
-    for entry in iter_entries(storage):
+    prev: str | None = GENESIS
+    expected_seq = 1
+    for key_seq, entry in _entries(storage):
+        if entry is None:
+            problems.append(f"audit entry {key_seq} does not decode")
+            prev, expected_seq = None, key_seq + 1  # the next entry's link cannot be checked
+            continue
         if entry.seq != expected_seq:
             problems.append(f"audit entry {expected_seq} is missing (found {entry.seq})")
-        if entry.prev_hash != prev:
+        if prev is not None and entry.prev_hash != prev:
             problems.append(f"audit entry {entry.seq} does not link to the entry before it")
         if entry.hash != _digest(entry):
             problems.append(f"audit entry {entry.seq} was altered")

@@ -28,7 +28,7 @@ import lmdb
 import msgspec
 
 from storage.env import DB_NAMES, FORMAT_VERSION, Storage
-from storage.errors import mapped_lmdb_errors
+from storage.errors import UNREADABLE_RECORD, mapped_lmdb_errors
 from storage.outbox import NEXT_SEQ
 
 MANIFEST = "MANIFEST.json"
@@ -204,7 +204,7 @@ def read_manifest(src: Path) -> BackupManifest:
         ) from None
     try:
         return _manifest_decoder.decode(raw)
-    except msgspec.DecodeError as exc:
+    except UNREADABLE_RECORD as exc:
         raise BackupError(f"{src / MANIFEST} is not a backup manifest: {exc}") from None
 
 

@@ -15,6 +15,9 @@ with tenants and periods, not with events), and reports:
   may legitimately be higher: retention removes outbox rows, not counts,
   and signals snapshot reads spend coverage units no outbox event explains;
 - every session-replay chunk has a well-formed key and a record that decodes;
+- every visitor record decodes (the projection starts one that does not
+  afresh, losing its counts), and no consumer cursor is past the outbox head
+  (its consumer would pass over every event committed until the head got there);
 - the reveal audit log's hash chain is intact (no entry edited or removed).
 """
 
@@ -27,10 +30,10 @@ from typing import Any
 import lmdb
 import msgspec
 
-from storage import counters, idempotency, outbox, replay
+from storage import counters, idempotency, outbox, replay, visitors
 from storage.audit import verify_chain
 from storage.env import Storage
-from storage.errors import mapped_lmdb_errors
+from storage.errors import UNREADABLE_RECORD, mapped_lmdb_errors
 from storage.outbox import receipt_seq
 from storage.retention import RETAINED_FROM
 
@@ -41,6 +44,7 @@ class CheckReport(msgspec.Struct):
     counters: int = 0
     keys: int = 0
     replay_chunks: int = 0
+    visitor_records: int = 0
     retained_from: int = 0  # outbox seqs below this may have been removed by retention
     next_seq: int = 1
     problems: list[str] = []
@@ -70,6 +74,7 @@ class _KeyFacts(msgspec.Struct):
 
 
 _key_decoder = msgspec.json.Decoder(_KeyFacts)
+_visitor_decoder = msgspec.msgpack.Decoder(visitors.VisitorRecord)
 
 
 def unit_of(facts: _StoredFacts) -> str | None:
@@ -134,7 +139,7 @@ class _Checker:
         try:
             record = outbox.decode(value)
             facts = _facts_decoder.decode(record.event)
-        except msgspec.DecodeError as exc:
+        except UNREADABLE_RECORD as exc:
             self.problem(f"outbox seq {seq} does not decode: {exc}")
             return
         if receipt_seq(record.receipt_id) != seq:
@@ -148,7 +153,11 @@ class _Checker:
         unit = unit_of(facts)
         if unit is not None:
             ms = facts.receivedAt if facts.receivedAt is not None else record.committed_ms
-            period = time.strftime("%Y-%m", time.gmtime(ms / 1000))
+            try:
+                period = time.strftime("%Y-%m", time.gmtime(ms / 1000))
+            except (OverflowError, OSError, ValueError):  # past what the platform's time_t holds
+                self.problem(f"outbox seq {seq} was received at {ms}, a time in no billing period")
+                return
             self.counted[(record.client_id, period, unit)] += 1
 
     def idempotency(self) -> None:
@@ -158,7 +167,7 @@ class _Checker:
             shown = bytes(key).decode(errors="replace").replace("\x00", "/")
             try:
                 record = idempotency.decode(value)
-            except msgspec.DecodeError as exc:
+            except UNREADABLE_RECORD as exc:
                 self.problem(f"idempotency record {shown} does not decode: {exc}")
                 continue
             seq = receipt_seq(record.receipt_id)
@@ -177,7 +186,7 @@ class _Checker:
                 continue
             try:
                 stored = outbox.decode(raw)
-            except msgspec.DecodeError:
+            except UNREADABLE_RECORD:
                 continue  # reported by the outbox pass
             if stored.receipt_id != record.receipt_id or bytes(key) != idempotency.ledger_key(
                 stored.client_id, stored.eid
@@ -193,7 +202,7 @@ class _Checker:
             self.report.keys += 1
             try:
                 facts = _key_decoder.decode(value)
-            except msgspec.DecodeError as exc:
+            except UNREADABLE_RECORD as exc:
                 self.problem(f"key record {bytes(key)[:12]!r}... does not decode: {exc}")
                 continue
             accounts.setdefault(facts.clientId, set()).add(facts.billingAccount or facts.clientId)
@@ -234,9 +243,31 @@ class _Checker:
                 continue
             try:
                 replay.decode(value)
-            except msgspec.DecodeError as exc:
+            except UNREADABLE_RECORD as exc:
                 client, site, session, seq = parts
                 self.problem(f"replay chunk {client}/{site}/{session}/{seq} does not decode: {exc}")
+
+    def visitors(self) -> None:
+        for key, value in self.txn.cursor(db=self.dbs.visitors):
+            self.report.visitor_records += 1
+            if bytes(key).count(b"\x00") < 2:
+                self.problem(f"visitor key {bytes(key)[:40]!r} is malformed")
+                continue
+            try:
+                _visitor_decoder.decode(value)
+            except UNREADABLE_RECORD as exc:
+                self.problem(f"visitor record {visitors.shown_key(bytes(key))} does not decode: {exc}")
+
+    def cursors(self) -> None:
+        head = self.report.next_seq - 1
+        for key, value in self.txn.cursor(db=self.dbs.cursors):
+            name = bytes(key).decode(errors="replace")
+            if len(value) != 8:
+                self.problem(f"cursor {name} is not an 8-byte sequence number: {bytes(value)[:16]!r}")
+                continue
+            seq = int.from_bytes(value, "big")
+            if seq > head:
+                self.problem(f"cursor {name} is at seq {seq}, past the outbox head {head}")
 
 
 def check(storage: Storage, *, max_problems: int = 100) -> CheckReport:
@@ -251,6 +282,8 @@ def check(storage: Storage, *, max_problems: int = 100) -> CheckReport:
         checker.idempotency()
         checker.usage()
         checker.replay()
+        checker.visitors()
+        checker.cursors()
     for problem in verify_chain(storage):
         checker.problem(problem)
     return checker.report

@@ -6,6 +6,13 @@ import contextlib
 from collections.abc import Iterator
 
 import lmdb
+import msgspec
+
+# What decoding a damaged stored record raises: msgspec's DecodeError (and its
+# ValidationError) for bytes that are not the record's shape, and a bare
+# UnicodeDecodeError, which msgspec lets through for a string that is not
+# UTF-8. A reader that must get past one bad record catches all of them.
+UNREADABLE_RECORD = (msgspec.DecodeError, UnicodeDecodeError)
 
 
 class StorageError(Exception):

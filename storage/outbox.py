@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from storage.env import Storage
-from storage.errors import mapped_lmdb_errors
+from storage.errors import UNREADABLE_RECORD, mapped_lmdb_errors
 
 NEXT_SEQ = b"outbox_next_seq"
 
@@ -131,26 +131,49 @@ def read_record(storage: Storage, seq: int) -> OutboxRecord | None:
     return decode(raw) if raw is not None else None
 
 
-def iter_outbox(storage: Storage, after: int = 0, limit: int | None = None) -> Iterator[tuple[int, OutboxRecord]]:
-    """Records with sequence > after, in commit order, read in one snapshot per chunk."""
+def iter_outbox(
+    storage: Storage,
+    after: int = 0,
+    limit: int | None = None,
+    *,
+    on_unreadable: Callable[[int, Exception], None] | None = None,
+) -> Iterator[tuple[int, OutboxRecord]]:
+    """Records with sequence > after, in commit order, read in one snapshot per chunk.
+
+    A record that does not decode is passed to `on_unreadable` with its seq and
+    skipped; without `on_unreadable` its error (UNREADABLE_RECORD) is raised there.
+    """
     chunk = 1024
     remaining = limit
     while remaining is None or remaining > 0:
         take = chunk if remaining is None else min(chunk, remaining)
         with mapped_lmdb_errors(), storage.read() as txn:
             cursor = txn.cursor(db=storage.dbs.outbox)
-            rows: list[tuple[int, OutboxRecord]] = []
+            rows: list[tuple[int, OutboxRecord | Exception]] = []
             if cursor.set_range(seq_key(after + 1)):
                 for key, value in cursor:
-                    rows.append((int.from_bytes(key, "big"), decode(value)))
+                    rows.append((int.from_bytes(key, "big"), _decoded(value)))
                     if len(rows) >= take:
                         break
-        yield from rows
+        for seq, record in rows:  # reported outside the read transaction
+            if not isinstance(record, Exception):
+                yield seq, record
+            elif on_unreadable is None:
+                raise record
+            else:
+                on_unreadable(seq, record)
         if len(rows) < take:
             return
         after = rows[-1][0]
         if remaining is not None:
             remaining -= len(rows)
+
+
+def _decoded(raw: bytes | memoryview) -> OutboxRecord | Exception:
+    try:
+        return decode(raw)
+    except UNREADABLE_RECORD as exc:
+        return exc
 
 
 def last_seq(storage: Storage) -> int:

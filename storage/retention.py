@@ -17,6 +17,9 @@ idempotency records: at most `batch` scanned per sweep, resuming from meta
 transaction copies every value it reads, so a sweep also stops after reading
 REPLAY_SWEEP_BYTES.
 
+A record any sweep cannot read (damaged on disk) is never removed: its time
+is unknown, and `check` reports it. The sweep steps over it and goes on.
+
 Each sweep is one write job handed to the group-commit writer; it only reads
 and deletes, so running it again in a retried group is harmless.
 """
@@ -30,7 +33,7 @@ import msgspec
 import trio
 
 from storage import idempotency, outbox, replay
-from storage.errors import StorageError
+from storage.errors import UNREADABLE_RECORD, StorageError
 from storage.writer import GroupCommitWriter, WriteContext
 
 log = logging.getLogger("collector.retention")
@@ -84,6 +87,7 @@ class RetentionSweep:
             ("sweeps", "failures", "outbox_removed", "idempotency_removed", "replay_removed"), 0
         )
         self._retained_from = 0
+        self._kept_logged: list[int] = []  # the unreadable outbox seqs last logged
 
     def run(self, ctx: WriteContext) -> SweepResult:
         outbox_removed, outbox_more, retained_from = self._sweep_outbox(ctx)
@@ -115,6 +119,7 @@ class RetentionSweep:
         cutoff = ctx.now_ms - self.outbox_retention_ms
         removed = 0
         more = False
+        kept: list[int] = []  # seqs of records that do not decode
         cursor = txn.cursor(db=dbs.outbox)
         positioned = cursor.first()
         while positioned:
@@ -123,10 +128,14 @@ class RetentionSweep:
                 break
             try:
                 committed_ms = outbox.decode(cursor.value()).committed_ms
-            except msgspec.DecodeError:
-                # Never guess about a record we cannot read; `check` reports it.
-                log.warning("retention stops at outbox seq %d: the record does not decode", seq)
-                break
+            except UNREADABLE_RECORD:
+                # Never guess about a record we cannot read: keep it (`check` reports
+                # it) and go on, or one damaged row would hold every later one forever.
+                kept.append(seq)
+                if len(kept) == self.batch:
+                    break  # a store this damaged waits for its operator, not a busy loop
+                positioned = cursor.next()
+                continue
             if committed_ms > cutoff:
                 break  # commit order is time order: everything after is younger
             if removed == self.batch:
@@ -138,6 +147,15 @@ class RetentionSweep:
             positioned = cursor.delete() and bool(cursor.key())
         if removed:
             txn.put(RETAINED_FROM, retained_from.to_bytes(8, "big"), db=dbs.meta)
+        if kept != self._kept_logged:  # once, not at every interval
+            self._kept_logged = kept
+            if kept:
+                log.warning(
+                    "retention keeps %d outbox records that do not decode, the first at seq %d;"
+                    " `collector check` lists them",
+                    len(kept),
+                    kept[0],
+                )
         return removed, more, retained_from
 
     def _sweep_idempotency(self, ctx: WriteContext) -> tuple[int, int, bool]:
@@ -150,7 +168,7 @@ class RetentionSweep:
             scanned += 1
             try:
                 record = idempotency.decode(cursor.value())
-            except msgspec.DecodeError:
+            except UNREADABLE_RECORD:
                 positioned = cursor.next()  # unreadable: leave it for `check` to report
                 continue
             if idempotency.live(record, ctx.now_ms, self.idempotency_window_ms):
@@ -179,7 +197,7 @@ class RetentionSweep:
             read += len(value)
             try:
                 received_ms = replay.decode_head(value).received_ms
-            except msgspec.DecodeError:
+            except UNREADABLE_RECORD:
                 positioned = cursor.next()  # unreadable: leave it for `check` to report
                 continue
             if received_ms > cutoff:

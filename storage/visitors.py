@@ -27,13 +27,21 @@ A visitor's bot verdict is the majority of its events' verdicts
 misjudged event does not turn a person into a bot, and a crawler whose every
 event is flagged stays one. The category is the visitor's most frequent bot
 category (the latest on a tie).
+
+Damage on disk never stops the projection: an outbox record that does not
+decode is skipped, and a visitor record that does not decode is started
+afresh from the visitor's new events (logged once, counted) and reads as no
+record until then. `collector check` lists both.
+
+Over 400 lines on purpose: the record, both ways of folding and the reads
+share one key layout and one decoder, and must treat a damaged record alike.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 from typing import Any, NamedTuple
 
@@ -42,7 +50,7 @@ import msgspec
 from storage import outbox
 from storage.bounded_keys import bounded_key
 from storage.env import Storage
-from storage.errors import mapped_lmdb_errors
+from storage.errors import UNREADABLE_RECORD, mapped_lmdb_errors
 from storage.outbox import Appended
 from storage.writer import WriteContext
 
@@ -114,6 +122,7 @@ class FoldResult(msgspec.Struct, frozen=True):
     folded: int  # outbox entries read
     cursor: int  # the last seq folded
     more: bool  # the batch limit was hit
+    rebuilt: tuple[str, ...] = ()  # visitor records that did not decode, started afresh (shown keys)
 
 
 def merge(record: VisitorRecord | None, events: list[VisitorEvent]) -> VisitorRecord:
@@ -173,9 +182,8 @@ class FoldVisitors:
         txn, dbs = ctx.txn, ctx.dbs
         after = _read_cursor(txn, dbs)
         seen, read, last = self._from_outbox(txn, dbs, after)
-        if read:
-            _write(txn, dbs, seen, last)
-        return FoldResult(read, last, read >= self.batch)
+        rebuilt = _write(txn, dbs, seen, last) if read else []
+        return FoldResult(read, last, read >= self.batch, tuple(map(shown_key, rebuilt)))
 
     def _from_outbox(self, txn: Any, dbs: Any, after: int) -> tuple[_Seen, int, int]:
         """The next records read back from the outbox: (events per visitor, records read, last seq)."""
@@ -185,7 +193,11 @@ class FoldVisitors:
         if rows.set_range(outbox.seq_key(after + 1)):
             for key, value in islice(rows, self.batch):
                 read, last_key = read + 1, key
-                record = outbox.decode_facts(value)
+                try:
+                    record = outbox.decode_facts(value)
+                except UNREADABLE_RECORD:
+                    _skip_unreadable(key)
+                    continue
                 native = record.key_type in NATIVE_KEY_TYPES
                 if record.visitor_id is not None:
                     # The admission stored the facts: no need to parse the event.
@@ -200,10 +212,8 @@ class FoldVisitors:
                     # Written before records carried facts: parse the event itself.
                     try:
                         facts = _facts.decode(outbox.decode(value).event)
-                    except (msgspec.DecodeError, msgspec.ValidationError):
-                        # One unreadable old record must not stall the projection
-                        # (and retention behind it): it carries no verdict to fold.
-                        log.warning("visitor fold skipped unreadable outbox record %s", bytes(key).hex())
+                    except UNREADABLE_RECORD:
+                        _skip_unreadable(key)
                         continue
                     if facts.type == "_consent_transition" or not isinstance(facts.bot, dict):
                         continue
@@ -221,6 +231,12 @@ class FoldVisitors:
 _Seen = dict[tuple[str, str, str], list[VisitorEvent]]
 
 
+def _skip_unreadable(key: bytes) -> None:
+    # One unreadable outbox record must not stall the projection (and retention
+    # behind it): it carries no verdict we could fold.
+    log.warning("visitor fold skipped unreadable outbox record %d", int.from_bytes(key, "big"))
+
+
 class FoldAtCommit:
     """The writer's in-transaction consumer: fold a group's own appends before it commits.
 
@@ -229,12 +245,13 @@ class FoldAtCommit:
     job. Writer thread only; the counters are read by /metrics.
     """
 
-    __slots__ = ("groups", "events", "skipped")
+    __slots__ = ("groups", "events", "skipped", "rebuilt")
 
     def __init__(self) -> None:
         self.groups = 0  # groups folded at commit
         self.events = 0  # outbox entries they held
         self.skipped = 0  # groups left to the catch-up (the cursor was behind)
+        self.rebuilt = 0  # visitor records that did not decode, started afresh
 
     def __call__(self, ctx: WriteContext) -> Callable[[], None] | None:
         """Fold inside the transaction; returns what counts it once the transaction commits."""
@@ -248,16 +265,19 @@ class FoldAtCommit:
         seen, read, last = gathered
         if not read:  # a catch-up earlier in this group folded them all
             return None
-        _write(txn, dbs, seen, last)
-        return functools.partial(self._count_folded, read)
+        rebuilt = _write(txn, dbs, seen, last)
+        return functools.partial(self._count_folded, read, rebuilt)
 
     # Counted only after the commit: a group redone (map growth) or aborted counts once or not at all.
     def _count_skipped(self) -> None:
         self.skipped += 1
 
-    def _count_folded(self, events: int) -> None:
+    def _count_folded(self, events: int, rebuilt: list[bytes]) -> None:
         self.groups += 1
         self.events += events
+        if rebuilt:
+            self.rebuilt += len(rebuilt)
+            log_rebuilt([shown_key(key) for key in rebuilt])
 
 
 def _read_cursor(txn: Any, dbs: Any) -> int:
@@ -265,19 +285,42 @@ def _read_cursor(txn: Any, dbs: Any) -> int:
     return int.from_bytes(raw, "big") if raw else 0
 
 
-def _write(txn: Any, dbs: Any, seen: _Seen, last: int) -> None:
-    """Merge each visitor's events into its record (one read, one write per visitor) and move the cursor."""
+def _write(txn: Any, dbs: Any, seen: _Seen, last: int) -> list[bytes]:
+    """Merge each visitor's events into its record (one read, one write per visitor) and move the cursor.
+
+    A stored record that does not decode is started afresh from these events:
+    kept, it would fail every later fold, of every visitor, since the cursor
+    could never pass it. Returns the keys of such records.
+    """
     # Gathered per visitor first: a batch holds many events of few visitors,
     # and every LMDB call here runs on the writer thread, under the GIL.
+    rebuilt: list[bytes] = []
     if seen:
         keys = [visitor_key(*vkey) for vkey in seen]
         stored = dict(txn.cursor(db=dbs.visitors).getmulti(keys))
-        merged = [
-            (key, _encoder.encode(merge(_decode_stored(stored.get(key)), events)))
-            for key, events in zip(keys, seen.values(), strict=True)
-        ]
+        merged = []
+        for key, events in zip(keys, seen.values(), strict=True):
+            raw = stored.get(key)
+            try:
+                record = _decoder.decode(raw) if raw is not None else None
+            except UNREADABLE_RECORD:
+                record = None
+                rebuilt.append(bytes(key))
+            merged.append((key, _encoder.encode(merge(record, events))))
         txn.cursor(db=dbs.visitors).putmulti(merged)
     txn.put(CURSOR.encode(), last.to_bytes(8, "big"), db=dbs.cursors)
+    return rebuilt
+
+
+def shown_key(key: bytes) -> str:
+    """A visitor key as an operator reads it: clientId/siteId/visitorId."""
+    return key.decode(errors="replace").replace("\x00", "/")
+
+
+def log_rebuilt(keys: Sequence[str]) -> None:
+    """Log visitor records a committed fold started afresh (once: the new record decodes)."""
+    for key in keys:
+        log.error("visitor record %s did not decode; folded afresh from its new events", key)
 
 
 def _from_appended(appended: list[Appended], after: int) -> tuple[_Seen, int, int] | None:
@@ -311,8 +354,12 @@ def _from_appended(appended: list[Appended], after: int) -> tuple[_Seen, int, in
     return seen, read, expected - 1
 
 
-def _decode_stored(raw: bytes | memoryview | None) -> VisitorRecord | None:
-    return _decoder.decode(raw) if raw is not None else None
+def _readable(raw: bytes | memoryview | None) -> VisitorRecord | None:
+    """The stored record; None when there is none or it does not decode (the next fold starts it afresh)."""
+    try:
+        return _decoder.decode(raw) if raw is not None else None
+    except UNREADABLE_RECORD:
+        return None
 
 
 class VisitorView(msgspec.Struct, frozen=True):
@@ -327,7 +374,7 @@ def read_visitor(storage: Storage, client_id: str, site_id: str, visitor_id: str
     with mapped_lmdb_errors(), storage.read() as txn:
         raw = txn.get(visitor_key(client_id, site_id, visitor_id), db=storage.dbs.visitors)
         folded, head = _position(txn, storage)
-        record = _decoder.decode(raw) if raw is not None else None
+        record = _readable(raw)
     return VisitorView(record, folded < head)
 
 
@@ -342,18 +389,37 @@ def _position(txn: Any, storage: Storage) -> tuple[int, int]:
     return _read_cursor(txn, storage.dbs), int.from_bytes(next_seq, "big") - 1 if next_seq else 0
 
 
-def iter_visitors(storage: Storage, visitor_id: str, client_id: str | None = None) -> Iterator[tuple[str, str, VisitorRecord]]:
-    """(clientId, siteId, record) of every visitor with this id (an operator scan)."""
+def iter_visitors(
+    storage: Storage,
+    visitor_id: str,
+    client_id: str | None = None,
+    *,
+    on_unreadable: Callable[[str, str, Exception], None] | None = None,
+) -> Iterator[tuple[str, str, VisitorRecord]]:
+    """(clientId, siteId, record) of every visitor with this id (an operator scan).
+
+    A record that does not decode goes to `on_unreadable(clientId, siteId,
+    error)` and is skipped; without it the error is raised there.
+    """
     with mapped_lmdb_errors(), storage.read() as txn:
         cursor = txn.cursor(db=storage.dbs.visitors)
-        found = []
+        found: list[tuple[str, str, VisitorRecord | Exception]] = []
         positioned = cursor.set_range(f"{client_id}\x00".encode()) if client_id else cursor.first()
         while positioned:
             key = bytes(cursor.key())
-            client, site, _ = key.decode(errors="replace").split("\x00", 2)
-            if client_id is not None and client != client_id:
+            parts = key.decode(errors="replace").split("\x00", 2)
+            if client_id is not None and parts[0] != client_id:
                 break
-            if key == visitor_key(client, site, visitor_id):  # also when the id was digested
-                found.append((client, site, _decoder.decode(cursor.value())))
+            if len(parts) == 3 and key == visitor_key(parts[0], parts[1], visitor_id):  # also when digested
+                try:
+                    found.append((parts[0], parts[1], _decoder.decode(cursor.value())))
+                except UNREADABLE_RECORD as exc:
+                    found.append((parts[0], parts[1], exc))
             positioned = cursor.next()
-    yield from found
+    for client, site, record in found:  # reported outside the read transaction
+        if not isinstance(record, Exception):
+            yield client, site, record
+        elif on_unreadable is None:
+            raise record
+        else:
+            on_unreadable(client, site, record)

@@ -29,3 +29,34 @@ def run_cli(
 async def outbox_dump(data_dir: Path) -> list[dict[str, object]]:
     result = await trio.to_thread.run_sync(lambda: run_cli("outbox", "dump", data_dir=data_dir))
     return [json.loads(line) for line in result.stdout.splitlines() if line]
+
+
+# Run in another process: py-lmdb refuses a second open of an environment in
+# one process, and a test's server holds its data directory open.
+_REWRITE = """
+import sys
+import lmdb
+
+path, name, key, spoil, value = sys.argv[1], sys.argv[2], *(bytes.fromhex(a) for a in sys.argv[3:])
+env = lmdb.open(path, max_dbs=32, map_size=0)
+db = env.open_db(name.encode(), create=False)
+with env.begin(write=True) as txn:
+    if spoil:
+        value = txn.get(key, db=db)
+        at = value.index(spoil)
+        value = value[:at] + b"\\xff" + value[at + 1 :]
+    txn.put(key, value, db=db)
+env.close()
+"""
+
+
+def rewrite_stored(data_dir: Path, db: str, key: bytes, *, spoil: bytes = b"", value: bytes = b"") -> None:
+    """Damage one stored record from another process, as an auditor would.
+
+    `spoil`: replace the first byte of this text in the stored value with 0xFF
+    (a string that is no longer UTF-8); otherwise store `value` in its place.
+    """
+    subprocess.run(
+        [sys.executable, "-c", _REWRITE, str(data_dir), db, key.hex(), spoil.hex(), value.hex()],
+        check=True, capture_output=True, timeout=60,
+    )

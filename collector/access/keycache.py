@@ -20,7 +20,7 @@ from collector.access.tenants import KeyRecord, decode_record
 from collector.errors import ServiceError
 from storage import keys as key_store
 from storage.env import Storage
-from storage.errors import StorageError
+from storage.errors import UNREADABLE_RECORD, StorageError
 
 
 class KeyCacheStatistics(msgspec.Struct, frozen=True):
@@ -80,7 +80,7 @@ class KeyCache:
         try:
             raw = key_store.get_key(self._storage, key)
             return decode_record(raw) if raw is not None else None
-        except (StorageError, msgspec.DecodeError):
+        except (StorageError, *UNREADABLE_RECORD):
             self._read_failures += 1
             raise ServiceError(
                 "service_unavailable", "the key configuration could not be read; retry shortly"

@@ -130,7 +130,7 @@ async def _read_snapshot(
         )
     try:
         view = read_visitor(services.storage, record.clientId, site.siteId, visitor_id)
-    except (StorageError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except StorageError as exc:  # a record that does not decode reads as none: see read_visitor
         # The units are spent and the read failed: say so plainly; a retry is billed again.
         raise ServiceError("storage_unavailable", f"the visitor record could not be read ({exc}); retry") from None
     return 200, _encoder.encode(

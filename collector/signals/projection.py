@@ -21,7 +21,7 @@ import msgspec
 import trio
 
 from storage.errors import StorageError, WriterBusy
-from storage.visitors import FoldResult, FoldVisitors, fold_position
+from storage.visitors import FoldResult, FoldVisitors, fold_position, log_rebuilt
 from storage.writer import GroupCommitWriter
 
 log = logging.getLogger("collector.projection")
@@ -33,6 +33,7 @@ class ProjectionStatistics(msgspec.Struct, frozen=True):
     folded: int
     failures: int
     passes: int  # fold jobs committed (each is one writer job)
+    rebuilt: int = 0  # visitor records that did not decode, started afresh by these jobs
 
 
 class VisitorProjection:
@@ -43,10 +44,13 @@ class VisitorProjection:
         self._folded = 0
         self._failures = 0
         self._passes = 0
+        self._rebuilt = 0
 
     def statistics(self) -> ProjectionStatistics:
         cursor, head = fold_position(self.writer.storage)
-        return ProjectionStatistics(cursor, max(0, head - cursor), self._folded, self._failures, self._passes)
+        return ProjectionStatistics(
+            cursor, max(0, head - cursor), self._folded, self._failures, self._passes, self._rebuilt
+        )
 
     def lag(self) -> int:
         """Committed outbox entries not folded yet (by either way: see storage.visitors)."""
@@ -68,5 +72,8 @@ class VisitorProjection:
                 continue
             self._folded += result.folded
             self._passes += 1
+            if result.rebuilt:
+                self._rebuilt += len(result.rebuilt)
+                log_rebuilt(result.rebuilt)
             if not result.more:
                 await trio.sleep(self.idle_s)

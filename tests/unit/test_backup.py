@@ -277,3 +277,11 @@ def test_restore_of_a_backup_larger_than_lmdb_default_map(live: Storage, tmp_pat
         assert check(storage).problems == []
     finally:
         storage.close()
+
+
+def test_a_manifest_that_is_not_utf8_is_refused(live: Storage, tmp_path: Path) -> None:
+    backup(live, tmp_path / "bk")
+    manifest = tmp_path / "bk" / MANIFEST
+    manifest.write_bytes(manifest.read_bytes().replace(b'"nodeId":"', b'"nodeId":"\xff', 1))
+    with pytest.raises(BackupError, match="is not a backup manifest"):
+        restore(tmp_path / "bk", tmp_path / "t")

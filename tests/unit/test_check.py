@@ -9,12 +9,15 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from storage import counters, idempotency, outbox
+from storage import counters, idempotency, outbox, replay
 from storage.admission import Admission, AdmissionResult, Candidate
+from storage.audit import append_entry
 from storage.check import check
 from storage.env import Storage
+from storage.errors import StorageError
 from storage.keys import put_keys
 from storage.retention import RetentionSweep
+from storage.visitors import FoldVisitors, visitor_key
 from storage.writer import run_job_now
 
 NOV = calendar.timegm((2026, 11, 15, 12, 0, 0)) * 1000
@@ -269,3 +272,68 @@ def test_outbox_facts_that_disagree_with_the_event(storage: Storage) -> None:
     put_raw(storage, "outbox", outbox.seq_key(2), outbox.encode(lying))
     [problem] = check(storage).problems
     assert problem.startswith("outbox seq 2 carries facts ('someone-else', 'pageview', False, '')")
+
+
+def spoiled(value: bytes, text: bytes) -> bytes:
+    """`value` with the first byte of `text` in it replaced by 0xFF: a string that is not UTF-8."""
+    at = value.index(text)
+    return value[:at] + b"\xff" + value[at + 1 :]
+
+
+def test_records_whose_strings_are_not_utf8_are_problems_not_crashes(storage: Storage) -> None:
+    # msgspec raises UnicodeDecodeError, not DecodeError, for these
+    with storage.read() as txn:
+        row = bytes(txn.get(outbox.seq_key(2), db=storage.dbs.outbox))
+        ledger = bytes(txn.get(idempotency.ledger_key("acme", "p1"), db=storage.dbs.idempotency))
+        [(key_id, key_record)] = [(bytes(k), bytes(v)) for k, v in txn.cursor(db=storage.dbs.keys)]
+    put_raw(storage, "outbox", outbox.seq_key(2), spoiled(row, b"acme"))
+    put_raw(storage, "idempotency", idempotency.ledger_key("acme", "p1"), spoiled(ledger, b"rcpt_"))
+    put_raw(storage, "keys", key_id, spoiled(key_record, b'acme"'))  # its clientId
+    chunk = replay.ReplayRecord(NOV, "rply_x", b"h" * 16, "v1", None, b"[]")
+    put_raw(storage, "replay", replay.chunk_key("acme", "web", "s1", 0), spoiled(replay.encode(chunk), b"v1"))
+    append_entry(storage, at_ms=NOV, who="op", action="reveal", receipt_id="r", fields=[], reason="why")
+    with storage.read() as txn:
+        entry = bytes(txn.get((1).to_bytes(8, "big"), db=storage.dbs.audit))
+    put_raw(storage, "audit", (1).to_bytes(8, "big"), spoiled(entry, b"op"))
+    report = check(storage)
+    problems = "\n".join(report.problems)
+    assert "outbox seq 2 does not decode: 'utf-8' codec can't decode byte 0xff" in problems
+    assert "idempotency record acme/p1 does not decode" in problems
+    assert f"key record {key_id[:12]!r}... does not decode" in problems
+    assert "replay chunk acme/web/s1/0 does not decode" in problems
+    assert "audit entry 1 does not decode" in problems
+
+
+def test_an_event_received_outside_any_period_is_a_problem(storage: Storage) -> None:
+    with storage.read() as txn:
+        record = outbox.decode(txn.get(outbox.seq_key(1), db=storage.dbs.outbox))
+    event = json.loads(record.event)
+    event["receivedAt"] = 1e300
+    wild = msgspec.structs.replace(record, event=json.dumps(event).encode())
+    put_raw(storage, "outbox", outbox.seq_key(1), outbox.encode(wild))
+    assert "outbox seq 1 was received at 1e+300, a time in no billing period" in check(storage).problems
+
+
+def test_no_audit_entry_is_chained_onto_one_that_does_not_decode(storage: Storage) -> None:
+    append_entry(storage, at_ms=NOV, who="op", action="reveal", receipt_id="r", fields=[], reason="why")
+    put_raw(storage, "audit", (1).to_bytes(8, "big"), b'{"seq": 1, "who": "\xff"}')
+    with pytest.raises(StorageError, match="the last audit entry does not decode"):
+        append_entry(storage, at_ms=NOV, who="op", action="reveal", receipt_id="r", fields=[], reason="why")
+    assert check(storage).problems == ["audit entry 1 does not decode"]
+
+
+def test_visitor_records_that_do_not_decode_and_cursors_past_the_head(storage: Storage) -> None:
+    run_job_now(storage, FoldVisitors(), now_ms=NOV)
+    report = check(storage)
+    assert report.ok and report.visitor_records == 1  # the fixture has one visitor
+    put_raw(storage, "visitors", visitor_key("acme", "web", "v" * 32), b"garbage")
+    put_raw(storage, "visitors", b"no separators", b"")
+    put_raw(storage, "cursors", b"visitors", (9 + 9999).to_bytes(8, "big"))
+    put_raw(storage, "cursors", b"other", b"\x01")
+    problems = check(storage).problems
+    assert problems[0].startswith(f"visitor record acme/web/{'v' * 32} does not decode")
+    assert problems[1:] == [
+        "visitor key b'no separators' is malformed",
+        "cursor other is not an 8-byte sequence number: b'\\x01'",
+        "cursor visitors is at seq 10008, past the outbox head 8",
+    ]

@@ -5,12 +5,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import trio
 
 from storage import outbox
 from storage.admission import Admission, Candidate
 from storage.env import Storage
-from storage.visitors import CURSOR, FoldAtCommit, FoldResult, FoldVisitors, fold_position
+from storage.visitors import (
+    CURSOR,
+    FoldAtCommit,
+    FoldResult,
+    FoldVisitors,
+    fold_position,
+    iter_visitors,
+    visitor_key,
+)
 from storage.writer import AtCommit, GroupCommitWriter, WriteContext
 
 Event = tuple[str, str, str, bool, str, int]  # eid, visitor, type, is_bot, category, client ms
@@ -205,5 +214,47 @@ def test_a_fold_counts_only_once_its_transaction_commits(tmp_path: Path) -> None
         assert (fold.groups, fold.events, fold.skipped) == (0, 0, 0)
         _admit(storage, fold, BATCHES[0])
         assert (fold.groups, fold.events, fold.skipped) == (1, 4, 0)
+    finally:
+        storage.close()
+
+
+def _damage(storage: Storage, visitor: str, value: bytes = b"garbage") -> None:
+    with storage.env.begin(write=True) as txn:
+        txn.put(visitor_key("acme", "web", visitor), value, db=storage.dbs.visitors)
+
+
+def test_a_visitor_record_that_does_not_decode_is_folded_afresh_at_commit(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # It used to fail the fold of every group holding that visitor, so the
+    # cursor fell behind and every later group of every visitor was skipped.
+    storage = Storage(tmp_path)
+    try:
+        fold = FoldAtCommit()
+        _admit(storage, fold, BATCHES[0])  # p and bot
+        _damage(storage, "p")
+        later = [("n1", "p", "click", False, "human", 5000), ("n2", "bot", "pageview", True, "crawler", 5100)]
+        _admit(storage, fold, later)
+        assert (fold.groups, fold.skipped, fold.rebuilt) == (2, 0, 1)
+        assert fold_position(storage) == (6, 6)
+        [record] = [r for c, s, r in iter_visitors(storage, "p")]
+        assert (record.events, record.types) == (1, {"click": 1})  # the new event alone
+        [record] = [r for c, s, r in iter_visitors(storage, "bot")]
+        assert record.events == 2  # the other visitor folds on as before
+        assert caplog.text.count("visitor record acme/web/p did not decode") == 1
+        _admit(storage, fold, [("n3", "p", "click", False, "human", 5200)])
+        assert fold.rebuilt == 1 and caplog.text.count("did not decode") == 1  # once: it decodes now
+    finally:
+        storage.close()
+
+
+def test_the_catch_up_folds_a_visitor_record_that_does_not_decode_afresh(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    try:
+        _admit(storage, None, BATCHES[0])
+        _damage(storage, "p", b"\x9b\xff")  # the start of an array, then bytes that are no record
+        assert _catch_up(storage) == FoldResult(4, 4, False, ("acme/web/p",))
+        [record] = [r for c, s, r in iter_visitors(storage, "p")]
+        assert record.types == {"pageview": 1, "click": 2}
     finally:
         storage.close()

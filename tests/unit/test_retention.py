@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import trio
 
-from storage import idempotency, outbox
+from storage import idempotency, outbox, replay
 from storage.check import check
 from storage.env import Storage
 from storage.errors import StorageFull
@@ -118,14 +118,46 @@ def test_idempotency_scan_resumes_and_wraps_around(storage: Storage) -> None:
     assert (later.idempotency_scanned, later.idempotency_removed) == (3, 3)
 
 
-def test_an_unreadable_outbox_record_stops_the_sweep(storage: Storage) -> None:
+def test_an_unreadable_outbox_record_is_kept_and_the_sweep_goes_on(
+    storage: Storage, caplog: pytest.LogCaptureFixture
+) -> None:
     admit(storage, ["a", "b", "c"], now_ms=NOV)
     with storage.env.begin(write=True) as txn:
         txn.put(outbox.seq_key(2), b"\xc1", db=storage.dbs.outbox)
-    result = run_job_now(storage, RetentionSweep(1, WEEK), now_ms=NOV + DAY)
-    assert result.outbox_removed == 1 and result.retained_from == 2
+    sweep = RetentionSweep(1, WEEK)
+    result = run_job_now(storage, sweep, now_ms=NOV + DAY)
+    assert result.outbox_removed == 2 and result.retained_from == 4
     with storage.read() as txn:
         assert txn.get(outbox.seq_key(2), db=storage.dbs.outbox) == b"\xc1"
+    assert "retention keeps 1 outbox records that do not decode, the first at seq 2" in caplog.text
+    caplog.clear()
+    run_job_now(storage, sweep, now_ms=NOV + DAY)
+    assert "do not decode" not in caplog.text  # logged once, not at every interval
+    assert check(storage).problems == ["outbox seq 2 does not decode: MessagePack data is malformed: invalid opcode '\\xc1' (byte 0)"]
+
+
+def test_records_whose_strings_are_not_utf8_are_stepped_over_by_every_sweep(storage: Storage) -> None:
+    # msgspec raises UnicodeDecodeError for these, not DecodeError: one such
+    # record used to fail the whole job at every interval, and nothing was removed.
+    admit(storage, ["a", "b", "c"], now_ms=NOV)
+    chunks = [replay.chunk_key("acme", "web", "s1", n) for n in range(3)]
+    with storage.env.begin(write=True) as txn:
+        row = txn.get(outbox.seq_key(2), db=storage.dbs.outbox)
+        txn.put(outbox.seq_key(2), row.replace(b"acme", b"\xffcme", 1), db=storage.dbs.outbox)
+        ledger = idempotency.ledger_key("acme", "b")
+        txn.put(ledger, txn.get(ledger, db=storage.dbs.idempotency).replace(b"rcpt_", b"\xffcpt_"),
+                db=storage.dbs.idempotency)
+        for key in chunks:
+            chunk = replay.ReplayRecord(NOV, "rply_x", b"h" * 16, "v1", None, b"[]")
+            txn.put(key, replay.encode(chunk), db=storage.dbs.replay)
+        txn.put(chunks[1], replay.encode(chunk).replace(b"rply_x", b"\xffply_x"), db=storage.dbs.replay)
+    sweep = RetentionSweep(DAY, WEEK, replay_retention_ms=DAY)
+    result = run_job_now(storage, sweep, now_ms=NOV + 30 * DAY)
+    assert (result.outbox_removed, result.idempotency_removed, result.replay_removed) == (2, 2, 2)
+    with storage.read() as txn:
+        assert [bytes(k) for k, _ in txn.cursor(db=storage.dbs.outbox)] == [outbox.seq_key(2)]
+        assert [bytes(k) for k, _ in txn.cursor(db=storage.dbs.replay)] == [chunks[1]]
+    assert idem_keys(storage) == [ledger]
 
 
 class FakeWriter:

@@ -8,6 +8,7 @@ import pytest
 
 from collector.access.keycache import KeyCache
 from collector.errors import ServiceError
+from collector.fieldkeys import KeyFileError, load_or_create
 from collector.settings import SettingsError, load_settings
 from collector.tenants_admin import import_tenants, revoke_key
 from storage.env import Storage
@@ -80,3 +81,23 @@ def test_suspension_reaches_a_cached_key_within_a_minute_and_revocation_within_t
     now[0] = 120.0
     assert cache.lookup(key) is None
     storage.close()
+
+
+def test_a_key_record_that_is_not_utf8_is_unavailable_not_a_crash(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    import_tenants(storage, b'{"keys": [{"key": "cs_live_bad0000000", "clientId": "acme"}]}')
+    with storage.env.begin(write=True) as txn:
+        raw = txn.get(b"cs_live_bad0000000", db=storage.dbs.keys)
+        txn.put(b"cs_live_bad0000000", raw.replace(b'"acme"', b'"\xffcme"'), db=storage.dbs.keys)
+    with pytest.raises(ServiceError) as info:
+        KeyCache(storage, ttl=120, negative_ttl=30).lookup("cs_live_bad0000000")
+    assert info.value.code == "service_unavailable"
+    storage.close()
+
+
+def test_a_field_key_file_that_is_not_utf8_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "field-keys.json"
+    path.write_bytes(b'{"active": "\xff1", "keys": {}}')
+    path.chmod(0o600)
+    with pytest.raises(KeyFileError, match="is not valid"):
+        load_or_create(path)

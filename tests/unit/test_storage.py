@@ -286,3 +286,17 @@ async def test_a_solo_job_commits_alone_so_its_failure_spares_the_group(tmp_path
     assert isinstance(outcomes["before"], AdmissionResult) and isinstance(outcomes["after"], AdmissionResult)
     assert outbox.last_seq(storage) == 2
     storage.close()
+
+
+def test_iter_outbox_hands_an_unreadable_record_to_its_caller_and_goes_on(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    run_job_now(storage, admission(["a", "b", "c"]))
+    with storage.env.begin(write=True) as txn:
+        txn.put(outbox.seq_key(2), txn.get(outbox.seq_key(2), db=storage.dbs.outbox).replace(b"acme", b"\xffcme"),
+                db=storage.dbs.outbox)
+    skipped: list[tuple[int, str]] = []
+    rows = outbox.iter_outbox(storage, on_unreadable=lambda seq, exc: skipped.append((seq, type(exc).__name__)))
+    assert [r.eid for _, r in rows] == ["a", "c"]
+    assert skipped == [(2, "UnicodeDecodeError")]
+    with pytest.raises(UnicodeDecodeError):
+        list(outbox.iter_outbox(storage))  # without a callback the error reaches the caller

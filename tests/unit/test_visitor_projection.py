@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import msgspec
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -18,10 +19,12 @@ from storage.visitors import (
     FoldVisitors,
     VisitorEvent,
     VisitorRecord,
+    VisitorView,
     fold,
     iter_visitors,
     merge,
     read_visitor,
+    visitor_key,
 )
 from storage.writer import WriteContext, run_job_now
 
@@ -250,3 +253,35 @@ def test_old_records_with_float_or_wild_timestamps_and_unreadable_ones_do_not_st
 def test_event_times_outside_a_msgpack_int_are_stored_as_unknown() -> None:
     assert outbox.event_time(1763900000000.9) == 1763900000000
     assert [outbox.event_time(v) for v in (1e20, -5, 0, None)] == [0, 0, 0, 0]
+
+
+def test_a_visitor_record_that_does_not_decode_reads_as_none_and_is_reported_by_the_scan(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    try:
+        _append(storage, 1, "v1", "pageview", {"isBot": False, "category": "human"})
+        _fold(storage, batch=10)
+        with storage.env.begin(write=True) as txn:
+            txn.put(visitor_key("acme", "web", "v1"), b"garbage", db=storage.dbs.visitors)
+        # what the next fold starts from, rather than a 503 at every read until then
+        assert read_visitor(storage, "acme", "web", "v1") == VisitorView(None, False)
+        skipped: list[tuple[str, str]] = []
+        assert list(iter_visitors(storage, "v1", on_unreadable=lambda c, s, e: skipped.append((c, s)))) == []
+        assert skipped == [("acme", "web")]
+        with pytest.raises(msgspec.DecodeError):
+            list(iter_visitors(storage, "v1"))
+    finally:
+        storage.close()
+
+
+def test_an_outbox_record_with_facts_that_does_not_decode_is_skipped_by_the_catch_up(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    try:
+        _admit(storage, [("a", "p", "pageview", False, "human"), ("b", "p", "click", False, "human")], 5000)
+        with storage.env.begin(write=True) as txn:
+            raw = txn.get(outbox.seq_key(1), db=storage.dbs.outbox)
+            txn.put(outbox.seq_key(1), raw.replace(b"acme", b"\xffcme", 1), db=storage.dbs.outbox)
+        assert _fold(storage, batch=10) == FoldResult(2, 2, False)
+        [(_, _, person)] = iter_visitors(storage, "p")
+        assert person.types == {"click": 1}
+    finally:
+        storage.close()

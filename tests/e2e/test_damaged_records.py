@@ -1,0 +1,131 @@
+"""A stored record damaged on disk: the operator commands report it and carry on, never a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import trio
+
+from storage.idempotency import ledger_key
+from storage.outbox import seq_key
+from storage.visitors import visitor_key
+from tests.conftest import BROWSER_KEY, RunningServer, pageview, start_server
+from tests.e2e import test_signals_read as signals
+from tests.helpers import rewrite_stored, run_cli
+
+H = {"X-API-Key": BROWSER_KEY, "Origin": "https://acme.com"}
+
+
+async def committed(server: RunningServer, count: int) -> None:
+    events = [pageview(f"e{n}") for n in range(count)]
+    response = await server.client.post("/v1/events", json={"events": events}, headers=H)
+    assert response.status_code == 202 and response.json()["accepted"] == count
+
+
+def cli(*args: str, data_dir: Path) -> tuple[int, str, str]:
+    result = run_cli(*args, data_dir=data_dir, check=False)
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.returncode, result.stdout, result.stderr
+
+
+async def test_check_and_dump_report_an_outbox_record_that_is_not_utf8(server: RunningServer) -> None:
+    await committed(server, 4)
+    # the auditor's damage: a byte of the client id replaced with 0xFF
+    rewrite_stored(server.data_dir, "outbox", seq_key(2), spoil=b"acme")
+    # and the stored event JSON of seq 3 (kept as bytes: decoding the record does not read it)
+    rewrite_stored(server.data_dir, "outbox", seq_key(3), spoil=b"pageview")
+
+    status, out, _ = await trio.to_thread.run_sync(lambda: cli("check", data_dir=server.data_dir))
+    assert status == 1
+    problems = json.loads(out)["problems"]
+    for seq in (2, 3):
+        assert any(p.startswith(f"outbox seq {seq} does not decode: 'utf-8' codec") for p in problems), problems
+
+    status, out, err = await trio.to_thread.run_sync(lambda: cli("outbox", "dump", data_dir=server.data_dir))
+    assert status == 1
+    assert [json.loads(line)["seq"] for line in out.splitlines()] == [1, 4]  # carries on past them
+    lines = err.splitlines()
+    assert len(lines) == 2
+    for seq, line in zip((2, 3), lines, strict=True):
+        assert line.startswith(f"collector: outbox seq {seq} does not decode, skipped: 'utf-8' codec")
+
+
+async def test_retention_steps_over_records_that_do_not_decode(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await start_server(
+        nursery, tmp_path, outbox_retention_hours=1, idempotency_window_hours=24, retention_interval_s=0.2
+    )
+    await committed(server, 3)
+    rewrite_stored(server.data_dir, "outbox", seq_key(2), spoil=b"acme")
+    rewrite_stored(server.data_dir, "idempotency", ledger_key("acme", "e0"), spoil=b"rcpt_")
+    server.clock.offset = 25 * 3600  # past both the outbox retention and the idempotency window
+    for _ in range(50):
+        if "collector_outbox_entries 1.0" in (await server.client.get("/metrics")).text:
+            break
+        await trio.sleep(0.2)
+    else:
+        raise AssertionError("retention did not remove the readable outbox records")
+    status, out, _ = await trio.to_thread.run_sync(lambda: cli("check", data_dir=server.data_dir))
+    report = json.loads(out)
+    # what it could not read is kept, for check to report; the rest is gone
+    assert (status, report["outbox_records"], report["idempotency_records"]) == (1, 1, 1)
+    assert [p.split(":")[0] for p in report["problems"]] == [
+        "outbox seq 2 does not decode",
+        "idempotency record acme/e0 does not decode",
+    ]
+
+
+def gauge(metrics: str, name: str) -> float:
+    [value] = [float(line.split(" ")[1]) for line in metrics.splitlines() if line.startswith(name + " ")]
+    return value
+
+
+async def test_a_visitor_record_that_does_not_decode_stops_no_one(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await signals.started(nursery, tmp_path)
+    origin = signals.FREE_ORIGIN
+    await signals.post(server, signals.FREE, [signals.event("a1", "pageview", "v1"),
+                                              signals.event("a2", "pageview", "v2")], **origin)
+    await signals.folded(server)
+    rewrite_stored(server.data_dir, "visitors", visitor_key("acme", "web", "v1"), value=b"garbage")
+    await signals.post(server, signals.FREE, [signals.event("b1", "click", "v1"),
+                                              signals.event("b2", "click", "v2")], **origin)
+    await signals.post(server, signals.FREE, [signals.event("c1", "scroll", "v2")], **origin)
+    await signals.folded(server)  # the lag used to stay up, the catch-up failing every second
+    metrics = (await server.client.get("/metrics")).text
+    assert gauge(metrics, "collector_visitor_records_rebuilt") == 1
+    assert gauge(metrics, "collector_visitor_fold_at_commit_skipped") == 0
+    one = await signals.read(server, "v1", key=signals.FREE, **origin)
+    assert one.status_code == 200, one.text  # it was 503
+    assert one.json()["activity"]["events"] == 1 and one.json()["activity"]["clicks"] == 1  # started afresh
+    two = await signals.read(server, "v2", key=signals.FREE, **origin)
+    assert two.json()["activity"]["events"] == 3  # the other visitor keeps every event
+    status, _, _ = await trio.to_thread.run_sync(lambda: cli("check", data_dir=server.data_dir))
+    assert status == 0  # the rebuilt record decodes
+
+
+async def test_check_reports_visitor_records_and_cursors_and_a_read_sees_no_record(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    server = await signals.started(nursery, tmp_path)
+    origin = signals.FREE_ORIGIN
+    await signals.post(server, signals.FREE, [signals.event("a1", "pageview", "v1")], **origin)
+    await signals.folded(server)
+    rewrite_stored(server.data_dir, "visitors", visitor_key("acme", "web", "v1"), value=b"garbage")
+    rewrite_stored(server.data_dir, "cursors", b"visitors", value=(1 + 9999).to_bytes(8, "big"))
+
+    status, out, _ = await trio.to_thread.run_sync(lambda: cli("check", data_dir=server.data_dir))
+    report = json.loads(out)
+    assert status == 1 and report["visitor_records"] == 1
+    assert [p.split(":")[0] for p in report["problems"]] == [
+        "visitor record acme/web/v1 does not decode",
+        "cursor visitors is at seq 10000, past the outbox head 1",
+    ]
+    status, out, err = await trio.to_thread.run_sync(
+        lambda: cli("visitors", "show", "v1", data_dir=server.data_dir)
+    )
+    assert (status, out) == (1, "")
+    assert err.startswith("collector: visitor record acme/web/v1 does not decode, skipped:")
+    # until a new event rebuilds it, the visitor reads as one the projection does not know (was: 503)
+    snapshot = await signals.read(server, "v1", key=signals.FREE, **origin)
+    assert snapshot.status_code == 200, snapshot.text
+    assert (snapshot.json()["behavioralClass"], snapshot.json()["pending"]) == ("unknown", True)
