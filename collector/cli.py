@@ -130,6 +130,9 @@ def cmd_tenants_import(args: argparse.Namespace) -> int:
         data = Path(args.file).read_bytes()
     except OSError as exc:
         raise UsageError(f"cannot read {args.file}: {exc.strerror}") from None
+    from collector.access.tenants import parse_tenants_file
+
+    parse_tenants_file(data)  # a file that fails to parse creates no data directory either
     with _storage(args, create=True) as storage:
         for record in import_tenants(storage, data):
             print(f"imported {record.key} clientId={record.clientId} keyType={record.key_type}")

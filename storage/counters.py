@@ -46,12 +46,21 @@ def read_counter(storage: Storage, account: str, period: str, kind: str) -> int:
 
 
 def iter_counters(storage: Storage) -> Iterator[tuple[str, str, str, int]]:
-    """Every counter as (account, period, kind, used)."""
+    """Every readable counter as (account, period, kind, used).
+
+    A damaged row (a key that is not three UTF-8 parts, a value that is not a
+    counter) is left out here, where /metrics and `usage show` read it;
+    `collector check` reports it.
+    """
     with mapped_lmdb_errors(), storage.read() as txn:
         rows = list(txn.cursor(db=storage.dbs.counters))
     for key, value in rows:
-        account, period, kind = bytes(key).decode().split("\x00")
-        yield account, period, kind, decode_value(bytes(value))
+        try:
+            account, period, kind = bytes(key).decode().split("\x00")
+        except (UnicodeDecodeError, ValueError):
+            continue
+        if is_counter(value):
+            yield account, period, kind, decode_value(bytes(value))
 
 
 class Spend(msgspec.Struct, frozen=True):

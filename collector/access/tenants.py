@@ -111,6 +111,8 @@ def parse_tenants_file(data: bytes) -> list[KeyRecord]:
         raise TenantsFileError(f"invalid tenants file: {exc}") from None
     except msgspec.DecodeError as exc:
         raise TenantsFileError(f"tenants file is not valid JSON: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise TenantsFileError(f"tenants file is not valid UTF-8: {exc}") from None
     seen: set[str] = set()
     for index, record in enumerate(parsed.keys):
         if record.key in seen:

@@ -56,6 +56,10 @@ def decode_translated(decoder: msgspec.json.Decoder[T], body: bytes, what: str) 
         ) from None
     except msgspec.DecodeError:
         raise ServiceError("invalid_json", "body is not valid JSON") from None
+    except UnicodeDecodeError:  # (msgspec raises it for bad UTF-8 inside a string)
+        raise ServiceError("invalid_json", "body is not valid UTF-8") from None
+    except RecursionError:
+        raise ServiceError("invalid_json", "body is nested too deeply") from None
 
 
 def edge_to_event(body: bytes, *, user_agent: str | None, now_ms: int) -> tuple[bytes, str, bytes]:

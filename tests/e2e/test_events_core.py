@@ -119,6 +119,14 @@ async def test_invalid_json_and_invalid_utf8(server: RunningServer) -> None:
         assert response.json()["error"] == "invalid_json"
 
 
+async def test_translated_routes_refuse_invalid_utf8_cleanly(server: RunningServer) -> None:
+    # msgspec raises UnicodeDecodeError, not DecodeError, for bad UTF-8 inside a string.
+    for path in ("/v1/edge/pageview", "/v1/consent"):
+        for raw in (b'{"visitorId": "\xff\xfe", "url": "https://acme.com/"}', b"[" * 10_000):
+            response = await server.client.post(path, content=raw, headers={**H, "Content-Type": "application/json"})
+            assert (response.status_code, response.json()["error"]) == (400, "invalid_json"), (path, raw[:20])
+
+
 async def test_deeply_nested_body_is_refused_cleanly(server: RunningServer) -> None:
     raw = b'{"events": [' + b"[" * 10_000 + b"]" * 10_000 + b"]}"
     response = await post(server, None, raw=raw)

@@ -241,6 +241,8 @@ def test_bad_operator_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     (garbage / "data.mdb").write_bytes(os.urandom(100_000))
     empty = tmp_path / "empty"
     empty.mkdir()
+    not_utf8 = tmp_path / "latin1.json"
+    not_utf8.write_bytes(b'{"keys": [{"key": "cs_live_x0000000", "clientId": "caf\xe9"}]}')
     foreign = tmp_path / "foreign"  # someone else's LMDB environment
     foreign_env = lmdb.open(str(foreign))
     with foreign_env.begin(write=True) as txn:
@@ -270,6 +272,7 @@ def test_bad_operator_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         (["check", "--data-dir", str(empty)], "no collector data"),
         (["keys", "rotate-field-key", "--data-dir", str(tmp_path / "typo")], "no data directory"),
         (["backup", "/proc/no/such/backup", "--data-dir", str(served)], "cannot create the backup destination"),
+        (["tenants", "import", str(not_utf8), "--data-dir", str(tmp_path / "typo")], "not valid UTF-8"),
         (["backup", str(tmp_path / "keyless"), "--with-field-keys", "--data-dir", str(served)],
          "no field key file"),
         (["outbox", "dump", "--after", "-5", "--data-dir", str(tmp_path)], "sequence number"),

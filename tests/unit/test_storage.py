@@ -187,6 +187,18 @@ def test_unreadable_counter_refuses_with_metering_unavailable(tmp_path: Path) ->
     assert outbox.last_seq(storage) == 0
 
 
+def test_iter_counters_leaves_damaged_rows_out(tmp_path: Path) -> None:
+    # /metrics reads every counter: one damaged row must not break it.
+    storage = Storage(tmp_path)
+    with storage.env.begin(write=True) as txn:
+        txn.put(counters.counter_key("acme", "2026-11", "pageview"), counters.encode_value(7), db=storage.dbs.counters)
+        txn.put(counters.counter_key("acme", "2026-11", "coverage"), b"\x01", db=storage.dbs.counters)
+        txn.put(b"caf\xe9\x002026-11\x00pageview", counters.encode_value(1), db=storage.dbs.counters)
+        txn.put(b"no-separators", counters.encode_value(1), db=storage.dbs.counters)
+    assert list(counters.iter_counters(storage)) == [("acme", "2026-11", "pageview", 7)]
+    storage.close()
+
+
 def test_format_0_directory_is_migrated(tmp_path: Path) -> None:
     import lmdb
 
