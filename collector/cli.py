@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import faulthandler
 import socket
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -16,7 +15,7 @@ from typing import NoReturn
 
 import msgspec
 
-from collector.access.tenants import TenantsFileError
+from collector.access.tenants import KeyRecord, TenantsFileError
 from collector.settings import Settings, SettingsError, load_settings
 from storage.env import Storage
 from storage.errors import StorageError
@@ -134,9 +133,25 @@ def cmd_tenants_import(args: argparse.Namespace) -> int:
 
     parse_tenants_file(data)  # a file that fails to parse creates no data directory either
     with _storage(args, create=True) as storage:
-        for record in import_tenants(storage, data):
+        records = import_tenants(storage, data)
+        for record in records:
             print(f"imported {record.key} clientId={record.clientId} keyType={record.key_type}")
+    for account in _idle_pageview_ceilings(records):
+        print(
+            f"collector: note: billing account {account!r} has a contract pageviewCeiling but overage off:"
+            " the stop is its allowance (spec 8.3); set monthlyPageviews to change it",
+            file=sys.stderr,
+        )
     return 0
+
+
+def _idle_pageview_ceilings(records: list[KeyRecord]) -> list[str]:
+    """Accounts whose contract pageviewCeiling does nothing, as overage is off (see limits/usage.py)."""
+    with_overage = {r.billing_account for r in records if r.overage}
+    return sorted({
+        r.billing_account for r in records
+        if r.contract is not None and r.contract.pageviewCeiling is not None and r.billing_account not in with_overage
+    })
 
 
 def cmd_tenants_list(args: argparse.Namespace) -> int:
@@ -488,9 +503,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:
         return int(exit_.code or 0)
     func: Callable[[argparse.Namespace], int] = args.func
-    # A data.mdb cut short (a partial copy) is a SIGBUS once LMDB touches a page past its
-    # end: say so on stderr, with where, instead of dying without a word.
-    faulthandler.enable()
+    from collector.runtime import report_fatal_signals
+
+    report_fatal_signals()
     from collector.fieldkeys import KeyFileError
     from collector.reveal import RevealError
     from collector.tenants_admin import KeyAdminError

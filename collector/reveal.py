@@ -20,6 +20,7 @@ import msgspec
 from collector.ingest.sealing import FieldSealer, SealError, field_aad, is_sealed
 from storage.audit import AuditEntry, append_entry
 from storage.env import Storage
+from storage.errors import UNREADABLE_RECORD
 from storage.outbox import read_record, receipt_seq
 
 MIN_REASON = 8
@@ -73,10 +74,16 @@ def reveal(
     if _visible_length(reason) < MIN_REASON:
         raise RevealError(f"--reason must say why, in at least {MIN_REASON} visible characters")
     seq = receipt_seq(receipt_id)
-    record = read_record(storage, seq) if seq is not None else None
+    try:
+        record = read_record(storage, seq) if seq is not None else None
+    except UNREADABLE_RECORD as exc:
+        raise RevealError(f"the stored event of {receipt_id} does not decode ({exc}); see `collector check`") from None
     if record is None or record.receipt_id != receipt_id:
         raise RevealError(f"no stored event has receipt id {receipt_id!r}")
-    event: dict[str, Any] = msgspec.json.decode(record.event)
+    try:
+        event: dict[str, Any] = msgspec.json.decode(record.event)
+    except UNREADABLE_RECORD as exc:
+        raise RevealError(f"the stored event of {receipt_id} does not decode ({exc}); see `collector check`") from None
     paths = sealed_paths(event)
     if not paths:
         raise RevealError(f"event {receipt_id} holds no sealed values")

@@ -1,8 +1,11 @@
-"""Interpreter settings for a serving process (not for tests or operator commands)."""
+"""Interpreter settings for a serving process (the fatal-signal report also for operator commands)."""
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import gc
+import sys
 
 # gen0 collects after this many net container allocations (CPython's default
 # is 700); gen1 and gen2 after 20 collections of the generation below.
@@ -24,3 +27,17 @@ def tune_gc() -> None:
     """
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+
+
+def report_fatal_signals() -> None:
+    """Name a fatal signal on stderr with the Python stack, when there is a stderr.
+
+    A data.mdb cut short (a partial copy) is a SIGBUS once LMDB touches a page
+    past its end; without this the process dies without a word (under systemd,
+    a silent crash loop). With no stderr (started with fd 2 closed) there is
+    nowhere to say it, and enabling would fail.
+    """
+    if sys.stderr is None:
+        return
+    with contextlib.suppress(RuntimeError, ValueError, OSError):
+        faulthandler.enable()

@@ -312,6 +312,9 @@ def child_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--settings", required=True)
     args = parser.parse_args(argv)
+    from collector.runtime import report_fatal_signals
+
+    report_fatal_signals()
     _die_with_parent(args.parent)
     # The parent forwards SIGTERM and systemd (KillMode=control-group) may send
     # its own: a second signal during the drain must not kill the child with

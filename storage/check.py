@@ -30,7 +30,7 @@ from typing import Any
 import lmdb
 import msgspec
 
-from storage import counters, idempotency, outbox, replay, visitors
+from storage import consent, counters, idempotency, outbox, replay, visitors
 from storage.audit import verify_chain
 from storage.env import Storage
 from storage.errors import UNREADABLE_RECORD, mapped_lmdb_errors
@@ -258,6 +258,14 @@ class _Checker:
             except UNREADABLE_RECORD as exc:
                 self.problem(f"visitor record {visitors.shown_key(bytes(key))} does not decode: {exc}")
 
+    def consent(self) -> None:
+        for key, value in self.txn.cursor(db=self.dbs.consent):
+            try:
+                consent.decode_strict(value)
+            except UNREADABLE_RECORD as exc:
+                shown = bytes(key).replace(b"\x00", b"/").decode(errors="replace")[:80]
+                self.problem(f"consent record {shown} does not decode (read as a denial): {exc}")
+
     def cursors(self) -> None:
         head = self.report.next_seq - 1
         for key, value in self.txn.cursor(db=self.dbs.cursors):
@@ -283,6 +291,7 @@ def check(storage: Storage, *, max_problems: int = 100) -> CheckReport:
         checker.usage()
         checker.replay()
         checker.visitors()
+        checker.consent()
         checker.cursors()
     for problem in verify_chain(storage):
         checker.problem(problem)

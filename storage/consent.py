@@ -16,7 +16,7 @@ import msgspec
 
 from storage.bounded_keys import bounded_key
 from storage.env import Storage
-from storage.errors import mapped_lmdb_errors
+from storage.errors import UNREADABLE_RECORD, mapped_lmdb_errors
 
 
 class RecordedConsent(msgspec.Struct, array_like=True, frozen=True):
@@ -25,8 +25,10 @@ class RecordedConsent(msgspec.Struct, array_like=True, frozen=True):
     identity_resolution: bool | None
     third_party_sharing: bool | None
     eid: str
-    # When each optional choice was stated (-1: by the decision at at_ms; records
-    # written before these fields existed hold a single decision's choices).
+    # When each optional choice was stated (-1: at at_ms). Records written before
+    # these fields existed hold one decision's choices, except those written by
+    # the commits c2b7836..c5ebe6d^ (a first merge, never in a release), where an
+    # inherited choice counts as of at_ms and can look newer than it was.
     identity_at_ms: int = -1
     sharing_at_ms: int = -1
 
@@ -45,11 +47,26 @@ def consent_key(client_id: str, site_id: str, visitor_id: str) -> bytes:
     return bounded_key(f"{client_id}\x00{site_id}\x00", visitor_id)
 
 
+# What a record that does not decode counts as: the oldest possible decision,
+# denying everything, so no identity value is stored on a guess and any real
+# decision replaces it field by field. `collector check` reports the record.
+UNREADABLE = RecordedConsent(0, False, False, False, "", 0, 0)
+
+
 def encode(state: RecordedConsent) -> bytes:
     return _encoder.encode(state)
 
 
 def decode(raw: bytes | memoryview) -> RecordedConsent:
+    """The stored record; UNREADABLE for bytes that are not one."""
+    try:
+        return _decoder.decode(raw)
+    except UNREADABLE_RECORD:
+        return UNREADABLE
+
+
+def decode_strict(raw: bytes | memoryview) -> RecordedConsent:
+    """The stored record; raises for bytes that are not one (for `collector check`)."""
     return _decoder.decode(raw)
 
 

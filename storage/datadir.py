@@ -24,7 +24,6 @@ from pathlib import Path
 import lmdb
 
 from storage.env import DB_NAMES as _DB_NAMES
-from storage.env import DEFAULT_MAX_MAP_SIZE
 
 DB_NAMES = frozenset(_DB_NAMES)
 # A new environment needs its lock file (about 40 KB, mapped: no space is a
@@ -41,7 +40,7 @@ def data_dir_problem(path: Path, *, create: bool) -> str | None:
         if not create:
             if not path.exists():
                 return f"no data directory at {path} (a wrong --data-dir or COLLECTOR_DATA_DIR?)"
-            return f"no collector data in {path} (no data.mdb: a wrong --data-dir or COLLECTOR_DATA_DIR?)"
+            return f"no collector data in {path} (no data.mdb, or an empty one: a wrong --data-dir?)"
         return _space_problem(path)
     return _environment_problem(path, data_file, create=create)
 
@@ -62,13 +61,13 @@ def _space_problem(path: Path) -> str | None:
 
 def _environment_problem(path: Path, data_file: Path, *, create: bool) -> str | None:
     # Read-only and, unless a lock file is already there, without one: nothing is written.
-    # The map is sized far past the file: a serving collector may grow it meanwhile
-    # (a map smaller than the file fails the read with MDB_MAP_RESIZED).
+    # The map has room past the file, as a serving collector may grow it meanwhile (a
+    # map smaller than the file fails the read with MDB_MAP_RESIZED), but stays near its
+    # size: a terabyte of address space fails under `ulimit -v` or systemd's LimitAS=.
     has_lock = (path / "lock.mdb").exists()
+    map_size = 2 * data_file.stat().st_size + 64 * 1024 * 1024
     try:
-        env = lmdb.open(
-            str(path), readonly=True, lock=has_lock, max_dbs=0, create=False, map_size=DEFAULT_MAX_MAP_SIZE
-        )
+        env = lmdb.open(str(path), readonly=True, lock=has_lock, max_dbs=0, create=False, map_size=map_size)
     except lmdb.InvalidError as exc:
         return f"{path} is not an LMDB environment ({exc})"
     except lmdb.Error as exc:
@@ -76,6 +75,8 @@ def _environment_problem(path: Path, data_file: Path, *, create: bool) -> str | 
     try:
         with env.begin() as txn:
             names = {bytes(key).decode("utf-8", "replace") for key, _ in txn.cursor()}
+    except lmdb.MapResizedError:
+        return None  # it grew past twice its size meanwhile: a live environment; Storage decides
     except lmdb.Error as exc:
         return f"{path} holds an LMDB environment that cannot be read ({exc})"
     finally:

@@ -12,7 +12,8 @@ import msgspec
 # ValidationError) for bytes that are not the record's shape, and a bare
 # UnicodeDecodeError, which msgspec lets through for a string that is not
 # UTF-8. A reader that must get past one bad record catches all of them.
-UNREADABLE_RECORD = (msgspec.DecodeError, UnicodeDecodeError)
+# RecursionError: skipping a value nested hundreds of thousands deep (msgspec.Raw).
+UNREADABLE_RECORD = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
 
 
 class StorageError(Exception):

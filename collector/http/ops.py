@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import msgspec
+import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -101,10 +102,12 @@ class _ProbeWrite:
 
 
 async def _commit_probe(services: Services) -> bool:
-    # No timeout: a cancelled submit would leave its probe queued; a stuck
-    # writer keeps this request waiting (and every other probe answered 503).
-    try:
-        await services.writer.submit(_ProbeWrite())
-    except StorageError:
-        return False
+    # Shielded, without a timeout: a cancelled submit (the balancer hung up)
+    # would leave its probe queued while the next request queued another. A
+    # stuck writer keeps this request waiting, and every other one gets 503.
+    with trio.CancelScope(shield=True):
+        try:
+            await services.writer.submit(_ProbeWrite())
+        except StorageError:
+            return False
     return True

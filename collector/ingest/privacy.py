@@ -7,8 +7,9 @@ A form field is classified from three kinds of evidence:
   `card_number` and `CARDNumber` all give `card number`). Names are also
   written run together (`accountnumber`, `userpassword`), so a word or the
   whole name that contains a long enough sensitive word or word pair
-  (`password`, `accountnumber`: eight letters or more) counts too; shorter ones
-  (`ssn`, `cvv`, `taxid`, `patient`) must match a whole word;
+  (`passwd`, `income`: six letters or more; pairs such as `cardcvv`: seven)
+  counts too; shorter ones (`ssn`, `cvv`, `taxid`, `cardno`) must match a
+  whole word;
 - its declared type in `raw_fields` (HTML autocomplete tokens such as
   `cc-number`, `cc-csc`, or input types such as `password`; any token of a
   multi-token value such as `section-pay cc-csc` or `current-password webauthn`);
@@ -81,6 +82,7 @@ _PAIR_CLASS: dict[tuple[str, str], str] = {
     ("cc", "name"): "payment", ("cc", "csc"): "payment", ("cc", "cvv"): "payment",
     ("security", "code"): "payment", ("credit", "card"): "payment", ("debit", "card"): "payment",
     ("name", "on"): "payment",  # "name on card"
+    ("nameon", "card"): "payment",  # run together: "nameoncard"
     ("social", "security"): "government_id", ("national", "id"): "government_id",
     ("national", "insurance"): "government_id", ("tax", "id"): "government_id",
     ("taxpayer", "id"): "government_id", ("tax", "number"): "government_id",
@@ -102,11 +104,18 @@ _PAIR_CLASS: dict[tuple[str, str], str] = {
 # Every sensitive word, and every pair written run together ("accountnumber").
 _RUN_TOGETHER: dict[str, str] = {**{a + b: kind for (a, b), kind in _PAIR_CLASS.items()}, **_WORD_CLASS}
 # Those long enough to be looked for inside a longer word without matching
-# ordinary ones ("tin" is in "setting", "hiv" in "archive", "patient" in
-# "impatient", "cardno" in "cardnotes").
-_MIN_INSIDE = 8
-_INSIDE = re.compile("|".join(sorted((re.escape(w) for w in _RUN_TOGETHER if len(w) >= _MIN_INSIDE),
-                                     key=len, reverse=True)))
+# ordinary ones ("tin" is in "setting", "hiv" in "archive", "cardno" in
+# "cardnotes"): single words of six letters or more, pairs of seven or more.
+# Missing a sensitive field stores it; a false match only withholds a value,
+# so the few ordinary words that still match are listed instead of raising
+# the bar ("patient" in "impatient": at eight letters "patientid" and
+# "monthlyincome" would be stored).
+_MIN_INSIDE_WORD, _MIN_INSIDE_PAIR = 6, 7
+_INSIDE = re.compile("|".join(sorted(
+    [re.escape(w) for w in _WORD_CLASS if len(w) >= _MIN_INSIDE_WORD]
+    + [re.escape(a + b) for a, b in _PAIR_CLASS if len(a + b) >= _MIN_INSIDE_PAIR],
+    key=len, reverse=True)))
+_ORDINARY = frozenset({"impatient", "impatience", "impatiently"})
 
 # raw_fields types: HTML autocomplete tokens and input types.
 _TYPE_CLASS: dict[str, str] = {"password": "secret", "new-password": "secret",
@@ -140,6 +149,8 @@ def classify_field_name(name: str) -> str | None:
         if found:
             return found
     for word in words:  # not across words: "paidNumber" holds "idnumber"
+        if word in _ORDINARY:
+            continue
         inside = _INSIDE.search(word)
         if inside:
             return _RUN_TOGETHER[inside.group()]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import trio
 
+from storage.consent import consent_key
 from storage.idempotency import ledger_key
 from storage.outbox import seq_key
 from storage.visitors import visitor_key
@@ -129,3 +130,26 @@ async def test_check_reports_visitor_records_and_cursors_and_a_read_sees_no_reco
     snapshot = await signals.read(server, "v1", key=signals.FREE, **origin)
     assert snapshot.status_code == 200, snapshot.text
     assert (snapshot.json()["behavioralClass"], snapshot.json()["pending"]) == ("unknown", True)
+
+
+async def test_a_consent_record_that_does_not_decode_counts_as_a_denial(server: RunningServer) -> None:
+    decision = {"visitorId": "v1", "timestamp": pageview("x")["timestamp"],
+                "consent": {"analytics": True, "identityResolution": True}}
+    assert (await server.client.post("/v1/consent", json=decision, headers=H)).status_code == 202
+    rewrite_stored(server.data_dir, "consent", consent_key("acme", "web", "v1"), value=b"garbage")
+
+    status, out, _ = await trio.to_thread.run_sync(lambda: cli("check", data_dir=server.data_dir))
+    assert status == 1
+    assert any(p.startswith("consent record acme/web/v1 does not decode") for p in json.loads(out)["problems"])
+    # No identity value on a guess: the identify is dropped, not a 500.
+    identify = pageview("id-1", type="identify", hem="a" * 64)
+    body = (await server.client.post("/v1/events", json=identify, headers=H)).json()
+    assert (body["accepted"], body["dropped"]) == (0, 1)
+    # A real decision replaces the damaged record (not a 503 on every retry).
+    again = await server.client.post("/v1/consent", json={**decision, "_eid": "c-2"}, headers=H)
+    assert again.status_code == 202, again.text
+    body = (await server.client.post("/v1/events", json=pageview("id-2", type="identify", hem="a" * 64),
+                                     headers=H)).json()
+    assert body["accepted"] == 1
+    status, _, _ = await trio.to_thread.run_sync(lambda: cli("check", data_dir=server.data_dir))
+    assert status == 0

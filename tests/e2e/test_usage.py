@@ -214,6 +214,9 @@ async def test_with_overage_off_a_higher_contract_ceiling_does_not_pass_the_allo
     assert refused.status_code == 429
     assert (refused.json()["reason"], refused.json()["accepted"]) == ("included_limit_reached", 0)
     assert refused.headers["X-Service-Billing-Mode"] == "blocked"
+    # The import says the ceiling does nothing here, instead of letting an operator believe it.
+    note = run_cli("tenants", "import", str(tmp_path / "tenants.json"), data_dir=server.data_dir)
+    assert "has a contract pageviewCeiling but overage off" in note.stderr
 
 
 async def test_signals_reads_degrade_at_a_coverage_ceiling_below_the_allowance(

@@ -58,6 +58,11 @@ def decode(**fields: object) -> AnyEvent:
         ("medicalhistory", "health"), ("bloodtype", "health"), ("insuranceid", "health"),
         ("idnumber", "government_id"), ("cvvcode", "payment"), ("ssnumber", "government_id"),
         ("userpassword", "secret"),
+        # six- and seven-letter words and pairs inside longer run-together names
+        ("confirmpasswd", "secret"), ("nameoncard", "payment"), ("mycardcvv", "payment"),
+        ("cardexpdate", "payment"), ("patientid", "health"), ("healthinsurance", "health"),
+        ("medicalconditions", "health"), ("monthlyincome", "financial"), ("bankrouting", "financial"),
+        ("aadhaarnumber", "government_id"), ("onetimecode", "secret"),
     ],
 )
 def test_sensitive_field_names(name: str, kind: str) -> None:
