@@ -15,7 +15,7 @@ from typing import NoReturn
 
 import msgspec
 
-from collector.access.tenants import KeyRecord, TenantsFileError
+from collector.access.tenants import KeyRecord, Plan, TenantsFileError
 from collector.settings import Settings, SettingsError, load_settings
 from storage.env import Storage
 from storage.errors import StorageError
@@ -147,7 +147,9 @@ def cmd_tenants_import(args: argparse.Namespace) -> int:
 
 def _idle_pageview_ceilings(records: list[KeyRecord]) -> list[str]:
     """Accounts whose contract pageviewCeiling does nothing, as overage is off (see limits/usage.py)."""
-    with_overage = {r.billing_account for r in records if r.overage}
+    # Overage is in force for an account with a key that turns it on and a paid key (limits/usage.py).
+    paid = {r.billing_account for r in records if r.normalized_plan is Plan.PAID}
+    with_overage = {r.billing_account for r in records if r.overage} & paid
     return sorted({
         r.billing_account for r in records
         if r.contract is not None and r.contract.pageviewCeiling is not None and r.billing_account not in with_overage

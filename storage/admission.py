@@ -199,7 +199,9 @@ class Admission:
             txn.cursor(db=dbs.idempotency).putmulti(ledger_rows)
             for cand in consents:
                 if cand.consent_key is not None and cand.consent_state is not None:
-                    state = consent.merged(cand.consent_state, txn.get(cand.consent_key, db=dbs.consent))
+                    state = consent.merged(
+                        cand.consent_state, txn.get(cand.consent_key, db=dbs.consent), now_ms=now_ms
+                    )
                     if state is not None:
                         txn.put(cand.consent_key, consent.encode(state), db=dbs.consent)
             txn.cursor(db=dbs.counters).putmulti(

@@ -47,22 +47,30 @@ def consent_key(client_id: str, site_id: str, visitor_id: str) -> bytes:
     return bounded_key(f"{client_id}\x00{site_id}\x00", visitor_id)
 
 
-# What a record that does not decode counts as: the oldest possible decision,
-# denying everything, so no identity value is stored on a guess and any real
-# decision replaces it field by field. `collector check` reports the record.
-UNREADABLE = RecordedConsent(0, False, False, False, "", 0, 0)
+# What a record that does not decode counts as: a decision denying everything,
+# dated when it is read, less this much (decisions of the last seconds, still
+# between receipt and commit, count as newer). So no identity value is stored
+# on a guess, an old decision arriving late (an offline queue, a retry) cannot
+# turn the damage into a grant, and a new decision replaces it field by field.
+# `collector check` reports the record.
+UNREADABLE_SLACK_MS = 10_000
+
+
+def unreadable(now_ms: int) -> RecordedConsent:
+    at = max(0, now_ms - UNREADABLE_SLACK_MS)
+    return RecordedConsent(at, False, False, False, "", at, at)
 
 
 def encode(state: RecordedConsent) -> bytes:
     return _encoder.encode(state)
 
 
-def decode(raw: bytes | memoryview) -> RecordedConsent:
-    """The stored record; UNREADABLE for bytes that are not one."""
+def decode(raw: bytes | memoryview, *, now_ms: int) -> RecordedConsent:
+    """The stored record; unreadable(now_ms) for bytes that are not one."""
     try:
         return _decoder.decode(raw)
     except UNREADABLE_RECORD:
-        return UNREADABLE
+        return unreadable(now_ms)
 
 
 def decode_strict(raw: bytes | memoryview) -> RecordedConsent:
@@ -78,11 +86,13 @@ def _later_choice(
     return candidate, candidate_at
 
 
-def merged(candidate: RecordedConsent, stored_raw: bytes | memoryview | None) -> RecordedConsent | None:
+def merged(
+    candidate: RecordedConsent, stored_raw: bytes | memoryview | None, *, now_ms: int
+) -> RecordedConsent | None:
     """The record once `candidate` (a single decision) is applied; None when it stays as stored."""
     if stored_raw is None:
         return candidate
-    stored = decode(stored_raw)
+    stored = decode(stored_raw, now_ms=now_ms)
     newer = candidate if candidate.at_ms >= stored.at_ms else stored
     identity, identity_at = _later_choice(
         stored.identity_resolution, stored.identity_time(), candidate.identity_resolution, candidate.at_ms
@@ -94,7 +104,9 @@ def merged(candidate: RecordedConsent, stored_raw: bytes | memoryview | None) ->
     return None if result == stored else result
 
 
-def read_consent(storage: Storage, client_id: str, site_id: str, visitor_id: str) -> RecordedConsent | None:
+def read_consent(
+    storage: Storage, client_id: str, site_id: str, visitor_id: str, *, now_ms: int
+) -> RecordedConsent | None:
     with mapped_lmdb_errors(), storage.read() as txn:
         raw = txn.get(consent_key(client_id, site_id, visitor_id), db=storage.dbs.consent)
-    return decode(raw) if raw is not None else None
+    return decode(raw, now_ms=now_ms) if raw is not None else None

@@ -152,7 +152,7 @@ async def _ingest(
 
     def recorded_identity(visitor_id: str) -> IdentityConsent | None:
         if visitor_id not in identities:
-            recorded = read_consent(storage, client_id, site_id, visitor_id)
+            recorded = read_consent(storage, client_id, site_id, visitor_id, now_ms=now_ms)
             identities[visitor_id] = (
                 IdentityConsent(recorded.identity_time(), recorded.identity_resolution)
                 if recorded is not None

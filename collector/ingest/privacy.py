@@ -67,6 +67,14 @@ _WORD_CLASS: dict[str, str] = {
     "medical": "health", "health": "health", "patient": "health", "pregnancy": "health",
     "disability": "health", "treatment": "health", "mrn": "health", "icd": "health",
     "hiv": "health", "vaccination": "health", "immunization": "health",
+    "disabilities": "health", "pregnant": "health", "medicine": "health", "medicines": "health",
+    "illness": "health", "injury": "health", "injuries": "health", "surgery": "health",
+    "therapy": "health", "vaccine": "health", "vaccinated": "health", "diagnosed": "health",
+    "allergic": "health", "medicare": "health", "medicaid": "health",
+    "sin": "government_id", "ein": "government_id", "governmentid": "government_id",
+    "bsb": "financial", "ifsc": "financial",
+    "ccno": "payment", "ccexpmonth": "payment", "ccexpyear": "payment",
+    "pin": "secret", "passphrase": "secret", "totp": "secret", "otpcode": "secret",
     # secrets
     "password": "secret", "passwd": "secret", "pwd": "secret", "passcode": "secret",
     "otp": "secret",
@@ -98,7 +106,19 @@ _PAIR_CLASS: dict[tuple[str, str], str] = {
     ("insurance", "id"): "health", ("insurance", "member"): "health",
     ("policy", "number"): "health",
     ("blood", "type"): "health", ("medical", "history"): "health",
-    ("one", "time"): "secret", ("pin", "number"): "secret", ("card", "pin"): "payment",
+    ("time", "code"): "secret", ("time", "password"): "secret", ("time", "pin"): "secret",
+    ("pin", "number"): "secret", ("card", "pin"): "payment",
+    ("security", "answer"): "secret", ("verification", "code"): "secret", ("auth", "code"): "secret",
+    ("sms", "code"): "secret", ("mfa", "code"): "secret", ("two", "factor"): "secret",
+    ("government", "id"): "government_id", ("social", "insurance"): "government_id",
+    ("identification", "number"): "government_id", ("national", "identity"): "government_id",
+    ("id", "no"): "government_id", ("license", "no"): "government_id", ("dl", "number"): "government_id",
+    ("visa", "number"): "government_id", ("alien", "number"): "government_id",
+    ("nhs", "number"): "health", ("insurance", "number"): "health", ("blood", "group"): "health",
+    ("acct", "number"): "financial", ("acct", "no"): "financial", ("acc", "no"): "financial",
+    ("transit", "number"): "financial",
+    ("cc", "no"): "payment", ("exp", "month"): "payment", ("exp", "year"): "payment",
+    ("expiry", "month"): "payment", ("expiry", "year"): "payment",
 }  # fmt: skip
 
 # Every sensitive word, and every pair written run together ("accountnumber").
@@ -115,7 +135,10 @@ _INSIDE = re.compile("|".join(sorted(
     [re.escape(w) for w in _WORD_CLASS if len(w) >= _MIN_INSIDE_WORD]
     + [re.escape(a + b) for a, b in _PAIR_CLASS if len(a + b) >= _MIN_INSIDE_PAIR],
     key=len, reverse=True)))
-_ORDINARY = frozenset({"impatient", "impatience", "impatiently"})
+_ORDINARY = frozenset({
+    "impatient", "impatience", "impatiently", "patiently", "healthcare", "healthy", "healthier",
+    "unhealthy", "healthcheck", "healthandsafety", "biomedical", "nonmedical", "phonetime", "bestphonetime",
+})
 
 # raw_fields types: HTML autocomplete tokens and input types.
 _TYPE_CLASS: dict[str, str] = {"password": "secret", "new-password": "secret",

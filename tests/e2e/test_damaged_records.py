@@ -145,8 +145,16 @@ async def test_a_consent_record_that_does_not_decode_counts_as_a_denial(server: 
     identify = pageview("id-1", type="identify", hem="a" * 64)
     body = (await server.client.post("/v1/events", json=identify, headers=H)).json()
     assert (body["accepted"], body["dropped"]) == (0, 1)
-    # A real decision replaces the damaged record (not a 503 on every retry).
-    again = await server.client.post("/v1/consent", json={**decision, "_eid": "c-2"}, headers=H)
+    # An old decision arriving late (an offline queue, a retry under a new id) cannot turn
+    # the damage into a grant.
+    late = {**decision, "_eid": "c-late", "timestamp": decision["timestamp"] - 60_000}
+    assert (await server.client.post("/v1/consent", json=late, headers=H)).status_code == 202
+    body = (await server.client.post("/v1/events", json=pageview("id-late", type="identify", hem="a" * 64),
+                                     headers=H)).json()
+    assert (body["accepted"], body["dropped"]) == (0, 1)
+    # A new decision replaces the damaged record (not a 503 on every retry).
+    fresh = {"visitorId": "v1", "_eid": "c-2", "consent": {"analytics": True, "identityResolution": True}}
+    again = await server.client.post("/v1/consent", json=fresh, headers=H)
     assert again.status_code == 202, again.text
     body = (await server.client.post("/v1/events", json=pageview("id-2", type="identify", hem="a" * 64),
                                      headers=H)).json()
