@@ -7,14 +7,18 @@ billing stop) leaves the transaction exactly as it found it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
 
 from storage import consent, counters, idempotency, outbox
+from storage.errors import UNREADABLE_RECORD
 from storage.outbox import Appended
 from storage.writer import JobRefused, WriteContext
+
+log = logging.getLogger("collector.admission")
 
 
 class Candidate(msgspec.Struct, frozen=True):
@@ -55,6 +59,21 @@ class AdmissionResult(msgspec.Struct, frozen=True):
 
 # budget(used_by_unit, added_by_unit) -> usage snapshot; raises JobRefused to refuse.
 Budget = Callable[[dict[str, int], dict[str, int]], Any]
+
+
+def _readable_ledger(raw: bytes | memoryview, key: bytes) -> idempotency.IdempotencyRecord | None:
+    """The stored idempotency record; None (the id is taken as new) when it does not decode.
+
+    Storage damage must not refuse the event, and every event beside it, on every
+    retry: the event is admitted again and its record rewritten. At worst it is
+    stored twice, which consumers already tolerate from the window's end.
+    `collector check` reports such records.
+    """
+    try:
+        return idempotency.decode(raw)
+    except UNREADABLE_RECORD as exc:
+        log.error("idempotency record %r does not decode (%s): the event is taken as new", bytes(key)[:80], exc)
+        return None
 
 
 class Admission:
@@ -120,14 +139,13 @@ class Admission:
             first_in_batch[key] = index
             if known:
                 raw = known.get(key)
-                if raw is not None:
-                    record = idempotency.decode(raw)
-                    if idempotency.live(record, now_ms, self.window_ms):
-                        if record.content_hash != cand.content_hash:
-                            raise JobRefused(Conflict(cand.eid, index))
-                        receipts[index] = record.receipt_id
-                        duplicate[index] = True
-                        continue
+                record = _readable_ledger(raw, key) if raw is not None else None
+                if record is not None and idempotency.live(record, now_ms, self.window_ms):
+                    if record.content_hash != cand.content_hash:
+                        raise JobRefused(Conflict(cand.eid, index))
+                    receipts[index] = record.receipt_id
+                    duplicate[index] = True
+                    continue
             new.append(index)
 
         added = dict.fromkeys(self.units, 0)

@@ -161,3 +161,18 @@ async def test_a_consent_record_that_does_not_decode_counts_as_a_denial(server: 
     assert body["accepted"] == 1
     status, _, _ = await trio.to_thread.run_sync(lambda: cli("check", data_dir=server.data_dir))
     assert status == 0
+
+
+async def test_an_idempotency_record_that_does_not_decode_refuses_nothing(server: RunningServer) -> None:
+    await committed(server, 1)  # e0
+    rewrite_stored(server.data_dir, "idempotency", ledger_key("acme", "e0"), value=b"garbage")
+    status, out, _ = await trio.to_thread.run_sync(lambda: cli("check", data_dir=server.data_dir))
+    assert status == 1 and any("e0" in p for p in json.loads(out)["problems"])
+    # Not a 503 on every retry for the damaged id and every event beside it: taken as new.
+    events = [pageview("e0"), pageview("e-next")]
+    response = await server.client.post("/v1/events", json={"events": events}, headers=H)
+    assert response.status_code == 202, response.text
+    assert (response.json()["accepted"], response.json()["duplicates"]) == (2, 0)
+    # and its record is whole again: the next retry is a duplicate
+    again = await server.client.post("/v1/events", json={"events": events}, headers=H)
+    assert again.json()["duplicates"] == 2
