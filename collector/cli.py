@@ -15,7 +15,7 @@ from typing import NoReturn
 
 import msgspec
 
-from collector.access.tenants import KeyRecord, Plan, TenantsFileError
+from collector.access.tenants import KeyRecord, TenantsFileError
 from collector.settings import Settings, SettingsError, load_settings
 from storage.env import Storage
 from storage.errors import StorageError
@@ -123,7 +123,7 @@ def _probe_listen(settings: Settings) -> None:
 
 
 def cmd_tenants_import(args: argparse.Namespace) -> int:
-    from collector.tenants_admin import import_tenants
+    from collector.tenants_admin import import_tenants, list_records
 
     try:
         data = Path(args.file).read_bytes()
@@ -136,7 +136,9 @@ def cmd_tenants_import(args: argparse.Namespace) -> int:
         records = import_tenants(storage, data)
         for record in records:
             print(f"imported {record.key} clientId={record.clientId} keyType={record.key_type}")
-    for account in _idle_pageview_ceilings(records):
+        touched = {record.billing_account for record in records}
+        stored = [r for r in list_records(storage) if r.billing_account in touched and not r.revokedAt]
+    for account in _idle_pageview_ceilings(stored):
         print(
             f"collector: note: billing account {account!r} has a contract pageviewCeiling but overage off:"
             " the stop is its allowance (spec 8.3); set monthlyPageviews to change it",
@@ -146,13 +148,17 @@ def cmd_tenants_import(args: argparse.Namespace) -> int:
 
 
 def _idle_pageview_ceilings(records: list[KeyRecord]) -> list[str]:
-    """Accounts whose contract pageviewCeiling does nothing, as overage is off (see limits/usage.py)."""
-    # Overage is in force for an account with a key that turns it on and a paid key (limits/usage.py).
-    paid = {r.billing_account for r in records if r.normalized_plan is Plan.PAID}
-    with_overage = {r.billing_account for r in records if r.overage} & paid
+    """Accounts whose contract pageviewCeiling does nothing, as overage is not in force.
+
+    `records`: stored records, which carry the account's terms; the usage policy
+    decides whether overage is in force.
+    """
+    from collector.limits.usage import policy_for
+
     return sorted({
         r.billing_account for r in records
-        if r.contract is not None and r.contract.pageviewCeiling is not None and r.billing_account not in with_overage
+        if r.accountContract is not None and r.accountContract.pageviewCeiling is not None
+        and not policy_for(r).overage
     })
 
 

@@ -263,7 +263,8 @@ class _Checker:
             try:
                 consent.decode_strict(value)
             except UNREADABLE_RECORD as exc:
-                shown = bytes(key).replace(b"\x00", b"/").decode(errors="replace")[:80]
+                # (consent and visitor records share one key shape)
+                shown = visitors.shown_key(bytes(key))
                 self.problem(f"consent record {shown} does not decode (read as a denial): {exc}")
 
     def cursors(self) -> None:

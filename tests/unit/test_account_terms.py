@@ -79,10 +79,9 @@ def test_an_account_keeps_its_paid_plan_when_a_key_moves_away(tmp_path: Path) ->
         storage.close()
 
 
-def test_import_notes_a_pageview_ceiling_that_does_nothing() -> None:
+def test_import_notes_a_pageview_ceiling_that_does_nothing(tmp_path: Path) -> None:
     # Overage is in force only for a paid account: a free key's `overage: true` leaves the
     # contract's pageviewCeiling idle, and the import says so.
-    from collector.access.tenants import parse_tenants_file
     from collector.cli import _idle_pageview_ceilings
 
     site = {"sites": [{"siteId": "w", "domains": ["a.example"]}]}
@@ -94,5 +93,9 @@ def test_import_notes_a_pageview_ceiling_that_does_nothing() -> None:
         {"key": "cs_live_paidoff0000", "clientId": "q", "plan": "paid",
          "contract": {"pageviewCeiling": 9000}, **site},
     ]
-    records = parse_tenants_file(json.dumps({"keys": keys}).encode())
-    assert _idle_pageview_ceilings(records) == ["f", "q"]
+    storage = Storage(tmp_path)
+    try:
+        _import(storage, *keys)
+        assert _idle_pageview_ceilings(list_records(storage)) == ["f", "q"]
+    finally:
+        storage.close()
