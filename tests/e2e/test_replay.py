@@ -168,6 +168,21 @@ async def test_duplicate_and_conflict(nursery: trio.Nursery, tmp_path: Path) -> 
     assert stored["events"] == chunk()["events"] and stored["visitorId"] == "v1"
 
 
+async def test_a_wild_send_time_is_dropped_not_a_storage_error(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # 10**20 does not fit the 64-bit integers the chunk record stores: it was a
+    # 503 (retried by SDKs forever) and a writer traceback; now, as on /v1/events,
+    # a send time a JavaScript consumer cannot read exactly is dropped.
+    server = await serve(nursery, tmp_path)
+    for seq, wild in enumerate((10**20, -(10**19), -1, 1e300)):
+        response = await send(server, chunk(seq, timestamp=wild))
+        assert response.status_code == 202, response.text
+    stored = await replay_dump(server, "--session", "s1")
+    assert [row["timestamp"] for row in stored] == [None, None, None, None]
+    kept = await send(server, chunk(9, timestamp=STAMP))
+    assert kept.status_code == 202
+    assert (await replay_dump(server, "--session", "s1"))[-1]["timestamp"] == STAMP
+
+
 async def test_gzip_bodies_and_size_caps(nursery: trio.Nursery, tmp_path: Path) -> None:
     server = await serve(nursery, tmp_path)
     packed = gzip.compress(json.dumps(chunk(3)).encode())
