@@ -34,6 +34,7 @@ from collector.fieldkeys import key_file_path, load_or_create
 from collector.http.access_log import flush_periodically as flush_access_log
 from collector.http.asgi import Receive, Scope, Send, send_response
 from collector.http.client_address import TrustedProxies
+from collector.http.connections import ConnectionGuard
 from collector.http.drain import Drain
 from collector.http.ingest import make_ingest_handler
 from collector.http.ops import register_ops_routes
@@ -353,7 +354,10 @@ async def _serve_http(
             sock.listen(config.backlog)
             listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
             binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
-        connection = partial(TCPServer, asgi, config, context, ConnectionState(state.copy()))
+        connection = ConnectionGuard(
+            partial(TCPServer, asgi, config, context, ConnectionState(state.copy())),
+            partial(app.services.metrics.count_labelled, "collector_connection_failures"),
+        )
         async with trio.open_nursery() as connections:
             async with trio.open_nursery() as accepting:
                 accepting.start_soon(

@@ -24,6 +24,10 @@ LABELLED = {
     "collector_events_dropped": ("Events dropped before admission, by reason", "reason"),
     "collector_events_bot": ("Events classified as bot traffic when admitted, by category", "category"),
     "collector_signals_reads": ("Visitor snapshots served, by coverage mode (full or degraded)", "mode"),
+    "collector_connection_failures": (
+        "Connections ended by an error in the HTTP protocol layer (the server goes on), by exception type",
+        "error",
+    ),
 }
 
 

@@ -1,0 +1,64 @@
+"""Transport-level misbehaviour through the real server: one connection's failure is that connection's."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import h2.config
+import h2.connection
+import h2.events
+import trio
+
+from tests.conftest import start_server
+
+
+def _h2_body_after_the_answer(base_url: str) -> list[str]:
+    """HTTP/2 with prior knowledge: a POST whose body arrives after the server answered it (401).
+
+    hypercorn 0.18 raises KeyError for a DATA frame on a stream it has closed;
+    that exception used to escape the connection and stop the whole server.
+    """
+    url = urlsplit(base_url)
+    seen: list[str] = []
+    with socket.create_connection((url.hostname, url.port), timeout=5) as sock:
+        conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        sock.sendall(conn.data_to_send())
+        stream = conn.get_next_available_stream_id()
+        conn.send_headers(stream, [
+            (":method", "POST"), (":path", "/v1/events"), (":scheme", "http"), (":authority", "x"),
+            ("x-api-key", "cs_live_nosuchkey000"), ("content-type", "application/json"),
+        ])  # fmt: skip
+        sock.sendall(conn.data_to_send())
+        deadline = time.monotonic() + 5
+        while not any(name.startswith("status ") for name in seen) and time.monotonic() < deadline:
+            for event in conn.receive_data(sock.recv(65536)):
+                if isinstance(event, h2.events.ResponseReceived):
+                    seen.append("status " + dict(event.headers)[b":status"].decode())
+        time.sleep(0.5)  # hypercorn forgets the stream soon after answering it
+        conn.send_data(stream, b'{"events":[]}', end_stream=True)
+        sock.sendall(conn.data_to_send())
+        time.sleep(0.3)
+    return seen
+
+
+async def test_a_late_http2_body_ends_its_connection_not_the_server(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    server = await start_server(nursery, tmp_path)
+    for _ in range(3):
+        seen = await trio.to_thread.run_sync(_h2_body_after_the_answer, server.base_url)
+        assert seen == ["status 401"]
+    # hypercorn reads the late frame in its own time: wait for all three to be counted
+    wanted = 'collector_connection_failures_total{error="KeyError"} 3.0'
+    metrics = ""
+    for _ in range(100):
+        metrics = (await server.client.get("/metrics")).text
+        if wanted in metrics:
+            break
+        await trio.sleep(0.1)
+    assert wanted in metrics
+    assert (await server.client.get("/healthz")).status_code == 200
