@@ -37,7 +37,7 @@ from collector.http.client_address import TrustedProxies
 from collector.http.connections import ConnectionGuard
 from collector.http.drain import Drain
 from collector.http.ingest import make_ingest_handler
-from collector.http.ops import register_ops_routes
+from collector.http.ops import ops_handlers
 from collector.http.replay import make_replay_handler
 from collector.http.router import Router
 from collector.http.signals import PREFIX as SIGNALS_PREFIX
@@ -197,8 +197,9 @@ def _meter_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
 
 def build_asgi(services: Services) -> Router:
     quart = QuartTrio("collector")
-    register_ops_routes(quart, services)
     router = Router(quart, services)
+    for path, handler in ops_handlers(services).items():
+        router.add(path, handler)
     router.add("/v1/events", make_ingest_handler(services, edge=False))
     router.add("/v1/edge/pageview", make_ingest_handler(services, edge=True))
     router.add("/v1/consent", make_ingest_handler(services, edge=False, consent=True))

@@ -102,8 +102,11 @@ async def send_response(
     body: bytes,
     headers: Iterable[tuple[str, str]],
     content_type: tuple[bytes, bytes] = JSON_CONTENT_TYPE,
+    *,
+    head: bool = False,
 ) -> None:
+    """The whole response; `head` sends its headers (Content-Length included) without the body."""
     raw_headers = [content_type, (b"content-length", str(len(body)).encode())]
     raw_headers.extend((name.encode("latin-1"), value.encode("latin-1")) for name, value in headers)
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})
-    await send({"type": "http.response.body", "body": body})
+    await send({"type": "http.response.body", "body": b"" if head else body})

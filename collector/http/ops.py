@@ -1,57 +1,46 @@
-"""Operational routes on the Quart app: /healthz, /readyz, /metrics."""
+"""Operational routes: /healthz, /readyz, /metrics, as raw ASGI handlers like the API's.
+
+They were Quart routes. Quart held a connection open after a response that
+said `Connection: close` (its request task waits for the client to hang up),
+and werkzeug's URL adapter answered a Host it cannot IDNA-encode (a
+64-character label, `a..b`) with a 500 and a traceback; neither reads
+anything these routes need. GET and HEAD; any other method is 405 with
+`Allow: GET, HEAD` in the spec's error format.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable, Callable
 
-import msgspec
 import trio
-from quart import Response, request
-from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
 
-from collector.http.asgi import request_id_for
+from collector.errors import ServiceError, render_error
+from collector.http.asgi import JSON_CONTENT_TYPE, Receive, Request, Scope, Send, send_response
 from collector.services import Services
 from storage.errors import StorageError
 from storage.writer import WriteContext
 
-_encoder = msgspec.json.Encoder()
-_ERROR_CODES = {404: "not_found", 405: "method_not_allowed"}
 _PROBE_VALUE = bytes(1024 * 1024)
+_METRICS_CONTENT_TYPE = (b"content-type", b"text/plain; version=0.0.4")
+_READY = b'{"status":"ready"}'
+_NOT_READY = b'{"status":"not_ready","reason":"storage is not writable"}'
+
+Answer = tuple[int, bytes, list[tuple[str, str]]]
 
 
-def register_ops_routes(app: QuartTrio, services: Services) -> None:
-    @app.after_request
-    async def add_request_id(response: Response) -> Response:
-        # Spec 5.6: every response carries X-Request-ID, these routes' too.
-        response.headers["X-Request-ID"] = request_id_for(request.headers.get("X-Request-ID", ""))
-        return response
-
-    @app.errorhandler(HTTPException)
-    async def http_error(error: HTTPException) -> Response:
-        # The spec's error body (2.7) instead of the framework's HTML page.
-        status = error.code or 500
-        code = _ERROR_CODES.get(status, "internal_error" if status >= 500 else "bad_request")
-        method = request.method
-        body = _encoder.encode({"error": code, "message": f"{method} {request.path}: {error.name.lower()}"})
-        response = Response(body, status=status, content_type="application/json")
-        if error.code == 405:
-            response.headers["Allow"] = "GET, HEAD"
-        return response
-
+def ops_handlers(
+    services: Services,
+) -> dict[str, Callable[[Scope, Receive, Send], Awaitable[None]]]:
+    """The handlers by path, for Router.add."""
     # which worker process answered (`serve --workers N`): index and pid
-    health = (
-        f'{{"status":"ok","worker":{services.worker_index},"pid":{os.getpid()}}}'.encode()
-    )
-
-    @app.get("/healthz")
-    async def healthz() -> Response:
-        return Response(health, status=200, content_type="application/json")
-
+    health = f'{{"status":"ok","worker":{services.worker_index},"pid":{os.getpid()}}}'.encode()
     probing: set[bool] = set()  # non-empty while a probe commit is on its way
 
-    @app.get("/readyz")
-    async def readyz() -> Response:
+    async def healthz() -> Answer:
+        return 200, health, []
+
+    async def readyz() -> Answer:
         try:
             writable = services.storage.writable()
         except StorageError:
@@ -70,19 +59,49 @@ def register_ops_routes(app: QuartTrio, services: Services) -> None:
                 finally:
                     probing.clear()
         if writable:
-            return Response(b'{"status":"ready"}', status=200, content_type="application/json")
-        return Response(
-            b'{"status":"not_ready","reason":"storage is not writable"}',
-            status=503,
-            content_type="application/json",
-            headers={"Retry-After": "5"},
+            return 200, _READY, []
+        return 503, _NOT_READY, [("Retry-After", "5")]
+
+    async def metrics() -> Answer:
+        return 200, services.metrics.render(), []
+
+    return {
+        "/healthz": _route(services, "/healthz", healthz),
+        "/readyz": _route(services, "/readyz", readyz),
+        "/metrics": _route(services, "/metrics", metrics, _METRICS_CONTENT_TYPE),
+    }
+
+
+def _route(
+    services: Services,
+    path: str,
+    answer: Callable[[], Awaitable[Answer]],
+    content_type: tuple[bytes, bytes] = JSON_CONTENT_TYPE,
+) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+    async def handle(scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope)
+        if request.method not in ("GET", "HEAD"):
+            error = ServiceError(
+                "method_not_allowed",
+                f"{request.method} {request.path}: use GET",
+                headers={"Allow": "GET, HEAD"},
+            )
+            services.metrics.count_request(path, error.status)
+            await send_response(
+                send,
+                error.status,
+                render_error(error),
+                [("X-Request-ID", request.request_id), *error.headers.items()],
+            )
+            return
+        status, body, headers = await answer()
+        services.metrics.count_request(path, status)
+        headers.append(("X-Request-ID", request.request_id))
+        await send_response(
+            send, status, body, headers, content_type, head=request.method == "HEAD"
         )
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(
-            services.metrics.render(), status=200, content_type="text/plain; version=0.0.4"
-        )
+    return handle
 
 
 class _ProbeWrite:

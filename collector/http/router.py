@@ -1,8 +1,9 @@
-"""The ASGI entry point: hot routes go straight to raw handlers, the rest to Quart.
+"""The ASGI entry point: every HTTP route is a raw handler; Quart is kept for the WebSockets.
 
-Quart serves the operational routes and the WebSockets; its per-request
-machinery costs about as much as the whole ingest pipeline, so the ingest
-routes skip it. Unknown paths still answer in the spec's error format.
+Quart's per-request machinery costs about as much as the whole ingest
+pipeline, so no HTTP route goes through it (the operational routes left it
+too: see collector/http/ops.py). It stays for the realtime WebSocket routes
+once they exist. Unknown paths answer in the spec's error format.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from collector.services import Services
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-QUART_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 # Route prefixes Quart serves once the realtime routes exist.
 QUART_PREFIXES: tuple[str, ...] = ()
 # Tenant-wide WebSocket-only routes (spec 4.2): plain HTTP gets 426 upgrade_required.
@@ -54,7 +54,7 @@ class Router:
                     "upgrade_required", f"{path} is a WebSocket route: open it with a WebSocket upgrade",
                     headers={"Upgrade": "websocket"}))  # RFC 9110 15.5.22
                 return
-            if path not in QUART_PATHS and not path.startswith(QUART_PREFIXES):
+            if not path.startswith(QUART_PREFIXES):
                 await self._not_found(scope, send)
                 return
         elif kind == "websocket" and not scope["path"].startswith(QUART_PREFIXES):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from pathlib import Path
@@ -10,6 +11,7 @@ from urllib.parse import urlsplit
 import h2.config
 import h2.connection
 import h2.events
+import pytest
 import trio
 
 from tests.conftest import start_server
@@ -62,3 +64,34 @@ async def test_a_late_http2_body_ends_its_connection_not_the_server(
         await trio.sleep(0.1)
     assert wanted in metrics
     assert (await server.client.get("/healthz")).status_code == 200
+
+
+def _raw_request(base_url: str, path: str, host: str, method: str = "GET") -> bytes:
+    """Everything the server sends until it closes the connection (Connection: close)."""
+    url = urlsplit(base_url)
+    with socket.create_connection((url.hostname, url.port), timeout=5) as sock:
+        sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+        answer = b""
+        while chunk := sock.recv(65536):  # a server that keeps the connection open times out here
+            answer += chunk
+    return answer
+
+
+async def test_operational_routes_take_any_host_close_when_asked_and_answer_head(
+    nursery: trio.Nursery, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # As Quart routes: a 64-character DNS label or an empty one made werkzeug's
+    # URL adapter raise (a 500, an empty body, a traceback in the log), and the
+    # connection stayed open after a response that said Connection: close.
+    server = await start_server(nursery, tmp_path)
+    for path in ("/healthz", "/readyz", "/metrics"):
+        for host in ("a" * 64, "a..b", "collector.example"):
+            answer = await trio.to_thread.run_sync(_raw_request, server.base_url, path, host)
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.lower().startswith(b"http/1.1 200"), (path, host, answer[:200])
+            assert b"\r\nx-request-id: " in head.lower() and body
+        answer = await trio.to_thread.run_sync(_raw_request, server.base_url, path, "x", "HEAD")
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.lower().startswith(b"http/1.1 200") and b"content-length: " in head.lower()
+        assert body == b""
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
