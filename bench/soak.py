@@ -11,13 +11,6 @@ of the server (parent and workers, summed). Growth is measured from the first
 sample after the warm-up (the first quarter of the continuous run, 10-30 s) to
 the mean of the last two samples (fds: the last sample).
 
-The soak's server runs with keep_alive_timeout 5 s instead of 75 s: hypercorn
-(0.18, trio worker) keeps a keep-alive connection that the client closed while
-it was idle in CLOSE-WAIT until keep_alive_timeout runs out (its idle-timeout
-task holds the connection's task group open), so the calibration runs' closed
-connections would otherwise still be counted 75 s later. The steady state is
-unaffected: the soak's connections are never idle for more than the delay.
-
 VmRSS counts LMDB's memory-mapped data pages (RssFile) as well as the heap
 (RssAnon). The outbox only grows during a soak (retention keeps 7 days), so
 the mapped part grows with the data the process touches, and drops whenever
@@ -92,7 +85,7 @@ def run_soak(wrk: str, *, max_rps: float, seconds: float, workers: int = 1,
         tenants, _ = write_tenants(workdir)
         body = workdir / "body.json"
         body.write_bytes(bodies.batch(25))
-        server = Collector(workdir, tenants, workers=workers, env={"COLLECTOR_KEEP_ALIVE_TIMEOUT": "5"})
+        server = Collector(workdir, tenants, workers=workers)
         try:
             url = server.url + "/v1/events"
             delay_ms = connections * 1000.0 / target

@@ -20,7 +20,6 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.statsd import StatsdLogger
-from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState, LifespanState
 from hypercorn.utils import repr_socket_addr, wrap_app
@@ -34,7 +33,7 @@ from collector.fieldkeys import key_file_path, load_or_create
 from collector.http.access_log import flush_periodically as flush_access_log
 from collector.http.asgi import Receive, Scope, Send, send_response
 from collector.http.client_address import TrustedProxies
-from collector.http.connections import ConnectionGuard
+from collector.http.connections import Connection, ConnectionGuard
 from collector.http.drain import Drain
 from collector.http.ingest import make_ingest_handler
 from collector.http.ops import ops_handlers
@@ -356,7 +355,7 @@ async def _serve_http(
             listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
             binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
         connection = ConnectionGuard(
-            partial(TCPServer, asgi, config, context, ConnectionState(state.copy())),
+            partial(Connection, asgi, config, context, ConnectionState(state.copy())),
             partial(app.services.metrics.count_labelled, "collector_connection_failures"),
         )
         async with trio.open_nursery() as connections:

@@ -1,4 +1,7 @@
-"""One connection's failure in the HTTP layer ends that connection, never the server.
+"""hypercorn's connection handling, with two of its failures contained.
+
+ConnectionGuard: one connection's failure in the HTTP layer ends that
+connection, never the server.
 
 trio.serve_listeners runs every connection in one handler nursery, so an
 exception that escapes hypercorn's connection handler cancels every other
@@ -10,16 +13,32 @@ answers them with a 500); what gets here is the protocol layer's own.
 
 A client can raise these at will, so the log says so at most once a minute
 (with the traceback, and how many were not logged); the metric counts them all.
+
+Connection: hypercorn's TCPServer (0.18, trio), with reading that ends the
+connection when it ends and a read timeout only inside a request. hypercorn
+applies `read_timeout` to every read, idle keep-alive included, and after a
+read times out it stops reading but holds the connection open until its idle
+task's `keep_alive_timeout`: with the defaults (30 s and 75 s) a request sent
+on a connection idle for 31 to 75 s was never read, and the client got a
+reset 75 s after its last response. A client that closed was likewise held in
+CLOSE-WAIT until then. Here an idle connection waits for its next request up
+to `keep_alive_timeout` (the idle task closes it), `read_timeout` bounds each
+read while a request is in progress, and once reading ends (the client closed,
+a read timed out) nothing waits for the idle task: the connection closes as
+soon as its in-flight request, if any, is done.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
+from hypercorn.events import Closed, Event, RawData, Updated
+from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 
 log = logging.getLogger("collector.http")
 
@@ -62,3 +81,41 @@ class ConnectionGuard:
             unlogged,
             exc_info=exc,
         )
+
+
+class Connection(TCPServer):
+    _idle = True  # no request in progress (hypercorn starts the idle task before reading)
+    _reading_done = False
+    _read_scope: trio.CancelScope | None = None
+
+    async def protocol_send(self, event: Event) -> None:
+        if isinstance(event, Updated):
+            self._idle = event.idle
+            if self._read_scope is not None:  # a read already waiting takes the new bound
+                self._read_scope.deadline = self._read_deadline()
+            if self._reading_done:
+                return  # nothing more can arrive: no idle task to wait for
+        await super().protocol_send(event)
+
+    def _read_deadline(self) -> float:
+        if self._idle or not self.config.read_timeout:
+            return math.inf  # the idle task's keep_alive_timeout bounds the wait
+        return trio.current_time() + self.config.read_timeout
+
+    async def _read_data(self) -> None:
+        while True:
+            with trio.CancelScope(deadline=self._read_deadline()) as scope:
+                self._read_scope = scope
+                try:
+                    data = await self.stream.receive_some(MAX_RECV)
+                except (trio.ClosedResourceError, trio.BrokenResourceError):
+                    data = b""
+            self._read_scope = None
+            if scope.cancelled_caught:  # read_timeout inside a request
+                break
+            await self.protocol.handle(RawData(bytes(data)))
+            if data == b"":
+                break
+        self._reading_done = True
+        await self.idle_task.stop()
+        await self.protocol.handle(Closed())

@@ -14,7 +14,8 @@ import h2.events
 import pytest
 import trio
 
-from tests.conftest import start_server
+from tests.conftest import BROWSER_KEY, RunningServer, start_server
+from tests.helpers import outbox_dump
 
 
 def _h2_body_after_the_answer(base_url: str) -> list[str]:
@@ -95,3 +96,66 @@ async def test_operational_routes_take_any_host_close_when_asked_and_answer_head
         assert head.lower().startswith(b"http/1.1 200") and b"content-length: " in head.lower()
         assert body == b""
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+HEALTH = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+async def _read_response(stream: trio.SocketStream) -> bytes:
+    """One /healthz response (its JSON body ends with '}'), or what came before EOF."""
+    answer = b""
+    while not answer.endswith(b"}"):
+        chunk = await stream.receive_some()
+        if not chunk:
+            return answer + b"<EOF>"
+        answer += chunk
+    return answer
+
+
+async def _open(server: RunningServer) -> trio.SocketStream:
+    url = urlsplit(server.base_url)
+    assert url.hostname and url.port
+    return await trio.open_tcp_stream(url.hostname, url.port)
+
+
+async def test_an_idle_keep_alive_connection_outlives_the_read_timeout(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # hypercorn's read_timeout also timed out idle reads, then held the connection
+    # without reading until keep_alive_timeout: a request sent in between hung and
+    # got a reset (with the defaults, any request after 31-75 s of quiet).
+    server = await start_server(nursery, tmp_path, read_timeout=1, keep_alive_timeout=4)
+    async with await _open(server) as stream:
+        await stream.send_all(HEALTH)
+        assert (await _read_response(stream)).startswith(b"HTTP/1.1 200")
+        await trio.sleep(2)  # idle past read_timeout, within keep_alive_timeout
+        await stream.send_all(HEALTH)
+        with trio.fail_after(2):
+            assert (await _read_response(stream)).startswith(b"HTTP/1.1 200")
+        with trio.fail_after(6):  # keep_alive_timeout closes it once idle again
+            assert await stream.receive_some() == b""
+
+
+async def test_a_connection_closes_when_its_client_does_or_a_request_stalls(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    server = await start_server(nursery, tmp_path, read_timeout=1, keep_alive_timeout=30)
+    # The client half-closes after a response: the server's side closes at once,
+    # not after keep_alive_timeout (it sat in CLOSE-WAIT until then).
+    async with await _open(server) as stream:
+        await stream.send_all(HEALTH)
+        assert (await _read_response(stream)).startswith(b"HTTP/1.1 200")
+        await stream.send_eof()
+        with trio.fail_after(3):
+            assert await stream.receive_some() == b""
+    # A request whose body stalls longer than read_timeout: the connection closes
+    # and nothing is stored.
+    async with await _open(server) as stream:
+        await stream.send_all(
+            f"POST /v1/events HTTP/1.1\r\nHost: x\r\nX-API-Key: {BROWSER_KEY}\r\n"
+            "Origin: https://acme.com\r\nContent-Type: application/json\r\n"
+            "Content-Length: 1000\r\n\r\n{".encode()
+        )
+        with trio.fail_after(4):
+            assert await stream.receive_some() == b""
+    assert await outbox_dump(server.data_dir) == []
