@@ -96,6 +96,51 @@ class ClientGone(Exception):
     """The client disconnected before its request body arrived."""
 
 
+# A refusal sent before the body was read (a bad key, a rate limit) reads and
+# discards up to this much of it first; a longer body is not read, and the
+# response says Connection: close.
+DRAIN_LIMIT = 1024 * 1024
+
+
+class BodyTracker:
+    """The ASGI receive of one request, remembering whether its body has all arrived.
+
+    HTTP/1.1 can only carry the next request on a connection once this one's
+    body has been read. hypercorn closes a connection whose response finished
+    before its request body did, without saying so (no `Connection: close`):
+    a client that reuses it for a retry, as SDKs do after a 429, gets a
+    network error instead of an answer. `finish` reads the rest before a
+    refusal is sent, or tells the caller to close.
+    """
+
+    __slots__ = ("_receive", "done")
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self.done = False
+
+    async def receive(self) -> MutableMapping[str, Any]:
+        message = await self._receive()
+        if message["type"] == "http.disconnect" or not message.get("more_body", False):
+            self.done = True
+        return message
+
+    async def finish(self, request: Request) -> bool:
+        """Read and discard the rest of the body; False when the connection must close instead."""
+        if self.done or not request.scope.get("http_version", "1.1").startswith("1"):
+            return True  # (an HTTP/2 stream ends alone; the connection goes on)
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > DRAIN_LIMIT):
+            return False
+        size = 0
+        while not self.done:
+            message = await self.receive()
+            size += len(message.get("body", b""))
+            if size > DRAIN_LIMIT:
+                return False
+        return True
+
+
 async def send_response(
     send: Send,
     status: int,

@@ -16,7 +16,15 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from collector.errors import ServiceError, render_error
-from collector.http.asgi import JSON_CONTENT_TYPE, Receive, Request, Scope, Send, send_response
+from collector.http.asgi import (
+    JSON_CONTENT_TYPE,
+    BodyTracker,
+    Receive,
+    Request,
+    Scope,
+    Send,
+    send_response,
+)
 from collector.services import Services
 from storage.errors import StorageError
 from storage.writer import WriteContext
@@ -87,12 +95,10 @@ def _route(
                 headers={"Allow": "GET, HEAD"},
             )
             services.metrics.count_request(path, error.status)
-            await send_response(
-                send,
-                error.status,
-                render_error(error),
-                [("X-Request-ID", request.request_id), *error.headers.items()],
-            )
+            headers = [("X-Request-ID", request.request_id), *error.headers.items()]
+            if not await BodyTracker(receive).finish(request):  # keep the connection usable
+                headers.append(("Connection", "close"))
+            await send_response(send, error.status, render_error(error), headers)
             return
         status, body, headers = await answer()
         services.metrics.count_request(path, status)

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from quart_trio import QuartTrio
 
 from collector.errors import ServiceError, render_error
-from collector.http.asgi import Receive, Request, Scope, Send, send_response
+from collector.http.asgi import BodyTracker, Receive, Request, Scope, Send, send_response
 from collector.services import Services
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -50,28 +50,31 @@ class Router:
                 await handler(scope, receive, send)
                 return
             if path in WEBSOCKET_ONLY:
-                await self._refuse(scope, send, ServiceError(
+                await self._refuse(scope, receive, send, ServiceError(
                     "upgrade_required", f"{path} is a WebSocket route: open it with a WebSocket upgrade",
                     headers={"Upgrade": "websocket"}))  # RFC 9110 15.5.22
                 return
             if not path.startswith(QUART_PREFIXES):
-                await self._not_found(scope, send)
+                await self._not_found(scope, receive, send)
                 return
         elif kind == "websocket" and not scope["path"].startswith(QUART_PREFIXES):
             await self._refuse_websocket(scope, receive, send)
             return
         await self.quart(scope, receive, send)  # type: ignore[arg-type]
 
-    async def _not_found(self, scope: Scope, send: Send) -> None:
+    async def _not_found(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope)
-        await self._refuse(scope, send, ServiceError("not_found", f"no route for {request.method} {request.path}"))
+        await self._refuse(
+            scope, receive, send, ServiceError("not_found", f"no route for {request.method} {request.path}")
+        )
 
-    async def _refuse(self, scope: Scope, send: Send, error: ServiceError) -> None:
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, error: ServiceError) -> None:
         request = Request(scope)
         self.services.metrics.count_request("unmatched", error.status)
-        await send_response(
-            send, error.status, render_error(error), [("X-Request-ID", request.request_id), *error.headers.items()]
-        )
+        headers = [("X-Request-ID", request.request_id), *error.headers.items()]
+        if not await BodyTracker(receive).finish(request):  # keep the connection usable
+            headers.append(("Connection", "close"))
+        await send_response(send, error.status, render_error(error), headers)
 
     async def _refuse_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """No WebSocket route is served yet: refuse the handshake in the spec's error format.

@@ -21,7 +21,16 @@ from collector.access.hostnames import utf8_header
 from collector.access.tenants import KeyRecord, Site
 from collector.errors import RawErrorBody, ServiceError, render_error
 from collector.http.access_log import log_request
-from collector.http.asgi import ClientGone, Receive, Request, Scope, Send, read_body, send_response
+from collector.http.asgi import (
+    BodyTracker,
+    ClientGone,
+    Receive,
+    Request,
+    Scope,
+    Send,
+    read_body,
+    send_response,
+)
 from collector.http.headers import cors_headers, preflight_headers
 from collector.ingest.payment import text_has_card
 from collector.limits.buckets import rate_headers, refusal
@@ -142,6 +151,7 @@ def make_write_handler(
         headers = [("X-Request-ID", request.request_id), *cors_headers(origin)]
         seen = Seen()
         error_code: str | None = None
+        body = BodyTracker(receive)
         try:
             if route_check is not None:
                 route_check(request)
@@ -158,16 +168,16 @@ def make_write_handler(
                 )
             if method == "POST":
                 refuse_payment_headers(request)
-            status, body = await work(services, request, receive, headers, seen)
+            status, answer = await work(services, request, body.receive, headers, seen)
         except ServiceError as error:
-            status, body, error_code = error.status, render_error(error), error.code
+            status, answer, error_code = error.status, render_error(error), error.code
             if request.method == "OPTIONS":  # a refused preflight allows nothing cross-origin
                 headers = [("X-Request-ID", request.request_id)]
             elif error.key_record is not None:
                 headers.extend(peek_rate_headers(services, error.key_record, route))
             headers.extend(error.response_headers().items())
         except RawErrorBody as raw:
-            status, body, error_code = raw.status, _encoder.encode(raw.body), "content_type"
+            status, answer, error_code = raw.status, _encoder.encode(raw.body), "content_type"
         except ClientGone:
             services.metrics.count_request(route, 499)
             return
@@ -175,14 +185,16 @@ def make_write_handler(
             # The access line says 503 storage_unavailable; this says why.
             log.warning("storage unavailable on %s: %s", route, exc)
             unavailable = ServiceError("storage_unavailable", f"nothing was stored ({exc}); {retry_hint}")
-            status, body, error_code = unavailable.status, render_error(unavailable), unavailable.code
+            status, answer, error_code = unavailable.status, render_error(unavailable), unavailable.code
             headers.extend(unavailable.response_headers().items())
         except Exception:
             log.exception("unexpected error on %s", route)
             internal = ServiceError("internal_error", "the request failed unexpectedly; retry it")
-            status, body, error_code = 500, render_error(internal), internal.code
+            status, answer, error_code = 500, render_error(internal), internal.code
+        if status >= 400 and not await body.finish(request):
+            headers.append(("Connection", "close"))
         services.metrics.count_request(route, status)
-        await send_response(send, status, body, headers)
+        await send_response(send, status, answer, headers)
         if access_log:
             log_request(request, route, status, error_code, seen.client_id, started)
 

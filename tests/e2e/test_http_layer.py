@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import time
@@ -14,7 +15,7 @@ import h2.events
 import pytest
 import trio
 
-from tests.conftest import BROWSER_KEY, RunningServer, start_server
+from tests.conftest import BROWSER_KEY, RunningServer, pageview, start_server
 from tests.helpers import outbox_dump
 
 
@@ -159,3 +160,57 @@ async def test_a_connection_closes_when_its_client_does_or_a_request_stalls(
         with trio.fail_after(4):
             assert await stream.receive_some() == b""
     assert await outbox_dump(server.data_dir) == []
+
+
+async def _refused_then_reused(server: RunningServer, path: str, key: str, body: bytes) -> tuple[bytes, bytes]:
+    """A POST refused before its body is read (the body arrives late), then a second request on the same connection."""
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nX-API-Key: {key}\r\nOrigin: https://acme.com\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    async with await _open(server) as stream:
+        await stream.send_all(head)
+        await trio.sleep(0.05)  # the server refuses on the headers alone
+        await stream.send_all(body)
+        first = b""
+        with trio.fail_after(5):
+            while b"}" not in first:
+                first += await stream.receive_some()
+        await trio.sleep(0.1)
+        await stream.send_all(HEALTH)
+        second = b""
+        with trio.fail_after(5):
+            while not second.endswith(b"}") and (chunk := await stream.receive_some()):
+                second += chunk
+    return first, second
+
+
+async def test_a_refusal_before_the_body_leaves_the_connection_usable(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # hypercorn closes a connection whose response ended before its request body
+    # arrived, without Connection: close: an SDK retrying a 429 on its pooled
+    # connection got a network error. The body is now read (up to 1 MiB) first.
+    server = await start_server(nursery, tmp_path)
+    body = json.dumps(pageview("late-body")).encode()
+    for path, key, status in (
+        ("/v1/events", "cs_live_nosuchkey000", b"401"),
+        ("/v1/replay", "cs_live_nosuchkey000", b"401"),
+        ("/nowhere", BROWSER_KEY, b"404"),
+        ("/healthz", BROWSER_KEY, b"405"),
+    ):
+        first, second = await _refused_then_reused(server, path, key, body)
+        assert first.startswith(b"HTTP/1.1 " + status), (path, first)
+        assert b"connection: close" not in first.lower()
+        assert second.startswith(b"HTTP/1.1 200"), (path, second)
+    # A declared body over the drain limit is not read: the refusal says Connection: close.
+    async with await _open(server) as stream:
+        await stream.send_all(
+            b"POST /v1/events HTTP/1.1\r\nHost: x\r\nX-API-Key: cs_live_nosuchkey000\r\n"
+            b"Content-Length: 5000000\r\n\r\n{"
+        )
+        answer = b""
+        with trio.fail_after(5):
+            while chunk := await stream.receive_some():
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 401") and b"connection: close" in answer.lower()
