@@ -45,6 +45,7 @@ from collector.ingest.bots import BotClassifier
 from collector.limits.buckets import RateLimiter
 from collector.limits.usage import billing_period
 from collector.metrics import Metrics, gauge
+from collector.runtime import early_stop_signal
 from collector.services import Services, wall_clock
 from collector.settings import Settings, SettingsError, load_cidrs
 from collector.signals.projection import VisitorProjection
@@ -379,8 +380,9 @@ async def _serve_http(
 
 async def _watch_signals(shutdown: trio.Event) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for signum in signals:
-            log.info("received %s: draining", signal.Signals(signum).name)
-            systemd.notify("STOPPING=1")
-            shutdown.set()
-            return
+        signum = early_stop_signal()  # one that came while the process was starting
+        if signum is None:
+            signum = await signals.__anext__()
+        log.info("received %s: draining", signal.Signals(signum).name)
+        systemd.notify("STOPPING=1")
+        shutdown.set()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import gc
+import signal
 import sys
 
 # gen0 collects after this many net container allocations (CPython's default
@@ -41,3 +42,24 @@ def report_fatal_signals() -> None:
         return
     with contextlib.suppress(RuntimeError, ValueError, OSError):
         faulthandler.enable()
+
+
+_early_stop: list[int] = []
+
+
+def defer_stop_signals() -> None:
+    """Remember SIGTERM and SIGINT until serve() watches them itself (see early_stop_signal).
+
+    A worker process of `serve --workers N` starts while its supervisor may
+    already be stopping: with the default action the signal killed it
+    half-started (an unclean exit), and with a handler that ignored it the
+    worker served out the whole drain time and was then killed. A signal
+    that arrives later, during the drain, is remembered too and changes nothing.
+    """
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda received, _frame: _early_stop.append(received))
+
+
+def early_stop_signal() -> int | None:
+    """The first stop signal that arrived before serve() watched for it, if any."""
+    return _early_stop[0] if _early_stop else None

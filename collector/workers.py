@@ -156,13 +156,17 @@ class Supervisor:
                 self.stopping.set()
 
     async def _stop_children(self) -> bool:
-        """SIGTERM every child; SIGKILL what has not exited after the drain time. True if clean."""
+        """SIGTERM every child; SIGKILL what has not exited after the drain time. True if clean.
+
+        Clean: every child that was running drained and exited 0, or had not yet
+        started serving and died of the SIGTERM itself. A child that had already
+        crashed (logged when it did, waiting for its restart) is not this stop's.
+        """
         self.stopping.set()
-        procs = list(self.procs.values())
+        procs = [proc for proc in self.procs.values() if proc.returncode is None]
         for proc in procs:
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
         # The children close their copies of the listening socket as they stop
         # accepting; ours must go too, or connections queue in its backlog
         # until we exit and are then reset instead of refused.
@@ -182,7 +186,7 @@ class Supervisor:
                 for proc in procs:
                     await proc.wait()
         for proc in procs:
-            if proc.returncode not in (0, None):
+            if proc.returncode != 0 and not (proc.returncode == -signal.SIGTERM and not proc.ready):
                 clean = False
         return clean
 
@@ -216,9 +220,11 @@ class Supervisor:
                 await proc.wait()
                 if first:
                     raise SupervisorFailed(f"worker {index} did not start (exit {proc.returncode})")
-            elif first:
-                first = False
-                task_status.started()
+            else:
+                proc.ready = True
+                if first:
+                    first = False
+                    task_status.started()
             if ready:
                 async with trio.open_nursery() as drain:
                     drain.start_soon(self._drain_output, proc)
@@ -267,6 +273,7 @@ class Child:
     def __init__(self, popen: subprocess.Popen[bytes]) -> None:
         self.popen = popen
         self.pid = popen.pid
+        self.ready = False  # it said "listening on": it may have accepted connections
         assert popen.stdout is not None
         self.stdout = trio.lowlevel.FdStream(os.dup(popen.stdout.fileno()))
         popen.stdout.close()
@@ -303,25 +310,24 @@ def _die_with_parent(parent: int) -> None:
 
 
 def child_main(argv: list[str] | None = None) -> int:
+    from collector.runtime import defer_stop_signals, report_fatal_signals, tune_gc
+
+    # The parent forwards SIGTERM and systemd (KillMode=control-group) may send
+    # its own: neither may kill the child with the default action, nor be lost
+    # while it starts. serve() drains on the first, however early it came.
+    # (Before this line, while the interpreter starts, the default action
+    # still applies: the supervisor counts that exit as clean.)
+    defer_stop_signals()
     from collector.app import serve
     from collector.logs import configure_logging
-    from collector.runtime import tune_gc
 
     parser = argparse.ArgumentParser(prog="python -m collector.workers")
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--settings", required=True)
     args = parser.parse_args(argv)
-    from collector.runtime import report_fatal_signals
-
     report_fatal_signals()
     _die_with_parent(args.parent)
-    # The parent forwards SIGTERM and systemd (KillMode=control-group) may send
-    # its own: a second signal during the drain must not kill the child with
-    # the default action. serve() watches the first; afterwards these no-ops
-    # are restored in place of the default handlers.
-    signal.signal(signal.SIGTERM, lambda *_: None)
-    signal.signal(signal.SIGINT, lambda *_: None)
     settings = msgspec.json.decode(args.settings, type=Settings)
     configure_logging()
     tune_gc()  # every worker serves like a one-process collector does

@@ -190,6 +190,23 @@ def test_a_worker_that_dies_is_restarted(tmp_path: Path) -> None:
     assert dump_counts(server.data_dir)["after"] == 1
 
 
+def test_sigterm_while_a_worker_restarts_is_a_clean_stop(tmp_path: Path) -> None:
+    """Stopping while a crashed worker waits for its restart, or while its replacement starts.
+
+    The crashed worker's -9 was counted against the stop (exit 1); a replacement
+    signalled while importing died of the default action (exit 1), and one
+    signalled just before serve() watched for it ignored it, served out the
+    whole drain time and was killed.
+    """
+    for delay in (0.1, 0.7, 1.0, 1.3):
+        server = Workers(tmp_path, 2)
+        os.kill(server.children()[1], signal.SIGKILL)
+        time.sleep(delay)
+        started = time.monotonic()
+        assert server.stop() == 0, delay
+        assert time.monotonic() - started < 5, delay
+
+
 def test_systemd_hears_only_the_parent(tmp_path: Path) -> None:
     """READY=1 once, WATCHDOG=1 and STOPPING=1: all from the parent's pid, none from a worker."""
     import socket
