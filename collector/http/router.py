@@ -9,11 +9,13 @@ once they exist. Unknown paths answer in the spec's error format.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from urllib.parse import urlsplit
 
 from quart_trio import QuartTrio
 
 from collector.errors import ServiceError, render_error
 from collector.http.asgi import BodyTracker, Receive, Request, Scope, Send, send_response
+from collector.http.headers import cors_headers
 from collector.services import Services
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -43,6 +45,11 @@ class Router:
         kind = scope["type"]
         if kind == "http":
             path = scope["path"]
+            if path[:1] != "/":
+                # The absolute form (`POST http://host/v1/events HTTP/1.1`), which a
+                # server must accept (RFC 9112 3.2.2) and proxies send: route its path.
+                path = urlsplit(path).path or "/"
+                scope = {**scope, "path": path}
             handler = self._routes.get(path) or self._routes.get(path.rstrip("/"))
             if handler is None:
                 handler = next((h for prefix, h in self._prefixes if path.startswith(prefix)), None)
@@ -71,7 +78,12 @@ class Router:
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, error: ServiceError) -> None:
         request = Request(scope)
         self.services.metrics.count_request("unmatched", error.status)
-        headers = [("X-Request-ID", request.request_id), *error.headers.items()]
+        # CORS as on every route, so a page's script can read why it was refused
+        headers = [
+            ("X-Request-ID", request.request_id),
+            *cors_headers(request.headers.get("origin")),
+            *error.headers.items(),
+        ]
         if not await BodyTracker(receive).finish(request):  # keep the connection usable
             headers.append(("Connection", "close"))
         await send_response(send, error.status, render_error(error), headers)

@@ -214,3 +214,26 @@ async def test_a_refusal_before_the_body_leaves_the_connection_usable(
             while chunk := await stream.receive_some():
                 answer += chunk
         assert answer.startswith(b"HTTP/1.1 401") and b"connection: close" in answer.lower()
+
+
+async def test_an_absolute_form_target_is_routed_and_router_refusals_carry_cors(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    server = await start_server(nursery, tmp_path)
+    body = json.dumps(pageview("absolute-form")).encode()
+    async with await _open(server) as stream:  # RFC 9112 3.2.2: a server must accept it
+        await stream.send_all(
+            f"POST http://collector.example/v1/events?x=1 HTTP/1.1\r\nHost: collector.example\r\n"
+            f"X-API-Key: {BROWSER_KEY}\r\nOrigin: https://acme.com\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
+        )
+        answer = b""
+        with trio.fail_after(5):
+            while chunk := await stream.receive_some():
+                answer += chunk
+    assert answer.startswith(b"HTTP/1.1 202"), answer[:300]
+    assert [row["eid"] for row in await outbox_dump(server.data_dir)] == ["absolute-form"]
+    for path, status in (("/nowhere", 404), ("/live/ws", 426)):
+        refused = await server.client.get(path, headers={"Origin": "https://acme.com"})
+        assert refused.status_code == status
+        assert refused.headers["Access-Control-Allow-Origin"] == "https://acme.com"
