@@ -195,17 +195,6 @@ class Storage:
         used = (info["last_pgno"] + 1) * self.env.stat()["psize"]
         return info["map_size"], used
 
-    def near_map_cap(self, headroom: int = 2 * 1024 * 1024) -> bool:
-        """True when the pages in use reach within `headroom` of `max_map_size`.
-
-        The last page number is in the environment's shared meta page, so every
-        process sharing the environment (`serve --workers N`) sees the same.
-        Free pages inside the map may still take a write: this says only that
-        a write may fail, not that it will.
-        """
-        _, used = self.usage()
-        return used + headroom >= self.max_map_size
-
     def writable(self, min_free_bytes: int = 1024 * 1024) -> bool:
         """True while the data directory can take writes: open, writable, space left."""
         try:

@@ -53,13 +53,11 @@ def ops_handlers(
             writable = services.storage.writable()
         except StorageError:
             writable = False
-        if writable and (not services.writer.healthy or services.storage.near_map_cap()):
-            # The last commit failed (a map at its cap, an I/O error), or the map
-            # is nearly at its cap (which a worker whose own commits have not
-            # failed yet also sees): free disk space alone says nothing then. A
-            # probe commit tells, and its success is also what makes the writer
-            # healthy again. One at a time: balancers polling meanwhile are
-            # told "not ready".
+        if writable and not services.writer.healthy:
+            # The last commit failed (a map at its cap, an I/O error): free disk
+            # space alone says nothing then. A probe commit tells, and its
+            # success is also what makes the writer healthy again. One at a
+            # time: balancers polling meanwhile are told "not ready".
             if probing:
                 writable = False
             else:

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import trio
 
-from tests.conftest import PAID_KEY, click, pageview, write_tenants
+from tests.conftest import PAID_KEY, click, write_tenants
 from tests.helpers import run_cli
 
 H = {"X-API-Key": PAID_KEY, "Origin": "https://bigco.com"}
@@ -205,36 +205,6 @@ def test_sigterm_while_a_worker_restarts_is_a_clean_stop(tmp_path: Path) -> None
         started = time.monotonic()
         assert server.stop() == 0, delay
         assert time.monotonic() - started < 5, delay
-
-
-def test_every_worker_is_unready_when_the_shared_map_is_full(tmp_path: Path) -> None:
-    """Readiness follows the shared environment, not only this worker's last commit.
-
-    Filled over one keep-alive connection (one worker), the other worker, whose
-    own commits never failed, said 200 until a write of its own failed.
-    """
-    config = tmp_path / "tiny.toml"
-    config.write_text("map_size_mb = 1\nmax_map_size_mb = 4\n")
-    server = Workers(tmp_path, 2, "--config", str(config))
-    try:
-        with httpx.Client(base_url=server.url, headers=H, timeout=10) as client:
-            for batch in range(400):
-                events = [
-                    pageview(f"fill-{batch}-{i}", type="custom", name="n", label="x" * 4000) for i in range(25)
-                ]
-                if client.post("/v1/events", json={"events": events}).status_code == 503:
-                    break
-            else:
-                raise AssertionError("the map never filled")
-        answers: dict[int, int] = {}
-        deadline = time.monotonic() + 20
-        while len(answers) < 2 and time.monotonic() < deadline:
-            with httpx.Client(base_url=server.url, timeout=10) as fresh:  # one worker per connection
-                worker = fresh.get("/healthz").json()["worker"]
-                answers[worker] = fresh.get("/readyz").status_code
-        assert answers == {0: 503, 1: 503}
-    finally:
-        server.kill_group()
 
 
 def test_systemd_hears_only_the_parent(tmp_path: Path) -> None:
