@@ -221,7 +221,8 @@ def hypercorn_config(settings: Settings) -> HypercornConfig:
     config = HypercornConfig()
     config.bind = [settings.bind]
     config.graceful_timeout = settings.graceful_timeout
-    config.read_timeout = int(settings.read_timeout)
+    # hypercorn types it int, but only hands it to trio (as does our Connection): int() made 0.5 mean no timeout
+    config.read_timeout = settings.read_timeout  # type: ignore[assignment]
     config.keep_alive_timeout = settings.keep_alive_timeout
     config.keep_alive_max_requests = settings.keep_alive_max_requests
     config.backlog = settings.backlog

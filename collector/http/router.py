@@ -49,7 +49,9 @@ class Router:
                 # The absolute form (`POST http://host/v1/events HTTP/1.1`), which a
                 # server must accept (RFC 9112 3.2.2) and proxies send: route its path.
                 path = urlsplit(path).path or "/"
-                scope = {**scope, "path": path}
+                raw_path = scope.get("raw_path") or b""
+                raw_path = urlsplit(raw_path.partition(b"?")[0]).path or b"/"
+                scope = {**scope, "path": path, "raw_path": raw_path}
             handler = self._routes.get(path) or self._routes.get(path.rstrip("/"))
             if handler is None:
                 handler = next((h for prefix, h in self._prefixes if path.startswith(prefix)), None)

@@ -203,17 +203,19 @@ async def test_a_refusal_before_the_body_leaves_the_connection_usable(
         assert first.startswith(b"HTTP/1.1 " + status), (path, first)
         assert b"connection: close" not in first.lower()
         assert second.startswith(b"HTTP/1.1 200"), (path, second)
-    # A declared body over the drain limit is not read: the refusal says Connection: close.
-    async with await _open(server) as stream:
-        await stream.send_all(
-            b"POST /v1/events HTTP/1.1\r\nHost: x\r\nX-API-Key: cs_live_nosuchkey000\r\n"
-            b"Content-Length: 5000000\r\n\r\n{"
-        )
-        answer = b""
-        with trio.fail_after(5):
-            while chunk := await stream.receive_some():
-                answer += chunk
-        assert answer.startswith(b"HTTP/1.1 401") and b"connection: close" in answer.lower()
+    # A body over 64 KiB, or chunked, is not read (a client with no key could
+    # otherwise make the server handle a million one-byte chunks per refusal):
+    # the refusal says Connection: close.
+    for framing in (b"Content-Length: 70000\r\n\r\n{", b"Transfer-Encoding: chunked\r\n\r\n1\r\n{\r\n"):
+        async with await _open(server) as stream:
+            await stream.send_all(
+                b"POST /v1/events HTTP/1.1\r\nHost: x\r\nX-API-Key: cs_live_nosuchkey000\r\n" + framing
+            )
+            answer = b""
+            with trio.fail_after(5):
+                while chunk := await stream.receive_some():
+                    answer += chunk
+            assert answer.startswith(b"HTTP/1.1 401") and b"connection: close" in answer.lower(), framing
 
 
 async def test_an_absolute_form_target_is_routed_and_router_refusals_carry_cors(
@@ -233,6 +235,16 @@ async def test_an_absolute_form_target_is_routed_and_router_refusals_carry_cors(
                 answer += chunk
     assert answer.startswith(b"HTTP/1.1 202"), answer[:300]
     assert [row["eid"] for row in await outbox_dump(server.data_dir)] == ["absolute-form"]
+    async with await _open(server) as stream:  # a route that reads the raw path
+        await stream.send_all(
+            f"GET http://collector.example/v1/signals/v1?sessionId=s1 HTTP/1.1\r\nHost: x\r\n"
+            f"X-API-Key: {BROWSER_KEY}\r\nOrigin: https://acme.com\r\nConnection: close\r\n\r\n".encode()
+        )
+        answer = b""
+        with trio.fail_after(5):
+            while chunk := await stream.receive_some():
+                answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
     for path, status in (("/nowhere", 404), ("/live/ws", 426)):
         refused = await server.client.get(path, headers={"Origin": "https://acme.com"})
         assert refused.status_code == status
