@@ -41,6 +41,9 @@ class ConsentBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 _decoder = msgspec.json.Decoder(ConsentBody)
 _encoder = msgspec.json.Encoder()
+# The content identity: object keys inside free-form maps (`consent`) sorted, so a
+# retry that orders them differently is the same content, not a 409.
+_identity_encoder = msgspec.json.Encoder(order="deterministic")
 
 
 MAX_ID = 128  # spec 8.1
@@ -73,4 +76,4 @@ def consent_to_event(body: bytes, *, now_ms: int, idempotency_key: str | None = 
         event["_eid"] = request.eid
     elif request.timestamp is not None or not (idempotency_key and idempotency_key.strip()):
         event["_eid"] = _generated_id(request.visitorId, timestamp)
-    return _encoder.encode(event), _encoder.encode(request)
+    return _encoder.encode(event), _identity_encoder.encode(request)

@@ -38,6 +38,9 @@ class EdgePageview(msgspec.Struct, frozen=True):
 
 _decoder = msgspec.json.Decoder(EdgePageview)
 _encoder = msgspec.json.Encoder()
+# The content identity: object keys inside free-form maps (`consent`) sorted, so a
+# retry that orders them differently is the same content, not a 409.
+_identity_encoder = msgspec.json.Encoder(order="deterministic")
 
 
 T = TypeVar("T")
@@ -89,4 +92,4 @@ def edge_to_event(body: bytes, *, user_agent: str | None, now_ms: int) -> tuple[
         event["_eid"] = edge.eid
     if edge.consent is not None:
         event["consent"] = edge.consent
-    return _encoder.encode(event), edge.url, _encoder.encode(edge)
+    return _encoder.encode(event), edge.url, _identity_encoder.encode(edge)

@@ -338,6 +338,13 @@ async def test_edge_pageview(server: RunningServer) -> None:
     assert (again.status_code, again.json()["duplicates"]) == (202, 1), again.text
     changed = await server.client.post("/v1/edge/pageview", json={**body, "title": "Other"}, headers=headers)
     assert changed.json()["error"] == "idempotency_conflict"
+    # Key order inside the free-form `consent` map is not content either (it was a 409).
+    consented = {**body, "_eid": "edge-consent", "consent": {"analytics": True, "identityResolution": False}}
+    first = await server.client.post("/v1/edge/pageview", json=consented, headers=headers)
+    assert first.json()["accepted"] == 1, first.text
+    reordered = {**consented, "consent": {"identityResolution": False, "analytics": True}}
+    retry = await server.client.post("/v1/edge/pageview", json=reordered, headers=headers)
+    assert (retry.status_code, retry.json()["duplicates"]) == (202, 1), retry.text
     event = (await outbox_dump(server.data_dir))[0]["event"]
     assert event["type"] == "pageview" and event["page"]["path"] == "/blog/post"
     assert event["device"]["userAgent"].startswith("Mozilla/5.0 (Windows")

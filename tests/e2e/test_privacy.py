@@ -100,6 +100,9 @@ async def test_consent_route_records_and_denies_identity(nursery: trio.Nursery, 
     assert response.headers["X-Service-Monthly-Used"] == "0"  # consent counts toward nothing
     again = await server.client.post("/v1/consent", json=decision, headers=ACME)
     assert again.json()["duplicates"] == 1
+    reordered = {**decision, "consent": {"identityResolution": False, "analytics": True}}
+    again = await server.client.post("/v1/consent", json=reordered, headers=ACME)
+    assert again.json()["duplicates"] == 1, again.text  # key order is not content (it was a 409)
     # With an _eid and no timestamp (the time of receipt), an exact retry is a duplicate too.
     undated = {"_eid": "c-undated", "visitorId": "v9", "consent": {"analytics": True}}
     assert (await server.client.post("/v1/consent", json=undated, headers=ACME)).json()["accepted"] == 1
