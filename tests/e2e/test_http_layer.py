@@ -113,6 +113,15 @@ async def _read_response(stream: trio.SocketStream) -> bytes:
     return answer
 
 
+async def _read_until_closed(stream: trio.SocketStream) -> bytes:
+    """Everything the server sends until it closes the connection (at most 5 s)."""
+    answer = b""
+    with trio.fail_after(5):
+        while chunk := await stream.receive_some():
+            answer += chunk
+    return answer
+
+
 async def _open(server: RunningServer) -> trio.SocketStream:
     url = urlsplit(server.base_url)
     assert url.hostname and url.port
@@ -211,10 +220,7 @@ async def test_a_refusal_before_the_body_leaves_the_connection_usable(
             await stream.send_all(
                 b"POST /v1/events HTTP/1.1\r\nHost: x\r\nX-API-Key: cs_live_nosuchkey000\r\n" + framing
             )
-            answer = b""
-            with trio.fail_after(5):
-                while chunk := await stream.receive_some():
-                    answer += chunk
+            answer = await _read_until_closed(stream)
             assert answer.startswith(b"HTTP/1.1 401") and b"connection: close" in answer.lower(), framing
 
 
@@ -229,10 +235,7 @@ async def test_an_absolute_form_target_is_routed_and_router_refusals_carry_cors(
             f"X-API-Key: {BROWSER_KEY}\r\nOrigin: https://acme.com\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
         )
-        answer = b""
-        with trio.fail_after(5):
-            while chunk := await stream.receive_some():
-                answer += chunk
+        answer = await _read_until_closed(stream)
     assert answer.startswith(b"HTTP/1.1 202"), answer[:300]
     assert [row["eid"] for row in await outbox_dump(server.data_dir)] == ["absolute-form"]
     async with await _open(server) as stream:  # a route that reads the raw path
@@ -240,10 +243,7 @@ async def test_an_absolute_form_target_is_routed_and_router_refusals_carry_cors(
             f"GET http://collector.example/v1/signals/v1?sessionId=s1 HTTP/1.1\r\nHost: x\r\n"
             f"X-API-Key: {BROWSER_KEY}\r\nOrigin: https://acme.com\r\nConnection: close\r\n\r\n".encode()
         )
-        answer = b""
-        with trio.fail_after(5):
-            while chunk := await stream.receive_some():
-                answer += chunk
+        answer = await _read_until_closed(stream)
     assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
     for path, status in (("/nowhere", 404), ("/live/ws", 426)):
         refused = await server.client.get(path, headers={"Origin": "https://acme.com"})
