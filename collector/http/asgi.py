@@ -11,6 +11,8 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qsl
 
+import trio
+
 from collector.errors import ServiceError
 
 Scope = MutableMapping[str, Any]
@@ -99,11 +101,12 @@ class ClientGone(Exception):
 # A refusal sent before the body was read (a bad key, a rate limit) reads and
 # discards it first only when its declared Content-Length is at most this, in
 # at most DRAIN_MESSAGES reads: an SDK's batch takes one or two. Anything else
-# (chunked, larger, dribbled) is not read, and the response says
+# (chunked, larger, dribbled, slower than DRAIN_SECONDS) is not read, and the response says
 # Connection: close. Without the bounds, a client with no key could make the
 # server handle a million one-byte chunks per refusal, again and again.
 DRAIN_LIMIT = 64 * 1024
 DRAIN_MESSAGES = 64
+DRAIN_SECONDS = 2.0  # a refusal waits no longer than this for a body that does not come
 
 
 class BodyTracker:
@@ -134,12 +137,17 @@ class BodyTracker:
         if self.done or not request.scope.get("http_version", "1.1").startswith("1"):
             return True  # (an HTTP/2 stream ends alone; the connection goes on)
         declared = request.headers.get("content-length")
-        if declared is None or not declared.isdigit() or int(declared) > DRAIN_LIMIT:
+        if declared is None:
+            if "transfer-encoding" in request.headers:
+                return False  # chunked: of unknown length
+            declared = "0"  # no body (a GET): only its end is left to read
+        if not declared.isdigit() or int(declared) > DRAIN_LIMIT:
             return False
-        for _ in range(DRAIN_MESSAGES):
-            await self.receive()
-            if self.done:
-                return True
+        with trio.move_on_after(DRAIN_SECONDS):
+            for _ in range(DRAIN_MESSAGES):
+                await self.receive()
+                if self.done:
+                    return True
         return False
 
 

@@ -9,7 +9,7 @@ once they exist. Unknown paths answer in the spec's error format.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from quart_trio import QuartTrio
 
@@ -48,9 +48,9 @@ class Router:
             if path[:1] != "/":
                 # The absolute form (`POST http://host/v1/events HTTP/1.1`), which a
                 # server must accept (RFC 9112 3.2.2) and proxies send: route its path.
-                path = urlsplit(path).path or "/"
-                raw_path = scope.get("raw_path") or b""
-                raw_path = urlsplit(raw_path.partition(b"?")[0]).path or b"/"
+                # From the raw target: a decoded %3F or %23 in `path` would cut it short.
+                raw_path = urlsplit((scope.get("raw_path") or path.encode()).partition(b"?")[0]).path or b"/"
+                path = unquote(raw_path.decode("ascii", errors="replace"))
                 scope = {**scope, "path": path, "raw_path": raw_path}
             handler = self._routes.get(path) or self._routes.get(path.rstrip("/"))
             if handler is None:

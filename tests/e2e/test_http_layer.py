@@ -199,7 +199,7 @@ async def test_a_refusal_before_the_body_leaves_the_connection_usable(
 ) -> None:
     # hypercorn closes a connection whose response ended before its request body
     # arrived, without Connection: close: an SDK retrying a 429 on its pooled
-    # connection got a network error. The body is now read (up to 1 MiB) first.
+    # connection got a network error. A short declared body is now read first.
     server = await start_server(nursery, tmp_path)
     body = json.dumps(pageview("late-body")).encode()
     for path, key, status in (
@@ -212,6 +212,15 @@ async def test_a_refusal_before_the_body_leaves_the_connection_usable(
         assert first.startswith(b"HTTP/1.1 " + status), (path, first)
         assert b"connection: close" not in first.lower()
         assert second.startswith(b"HTTP/1.1 200"), (path, second)
+    # A refused request without a body (a GET) keeps its connection too.
+    async with await _open(server) as stream:
+        await stream.send_all(b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n" + HEALTH)
+        answer = b""
+        with trio.fail_after(5):
+            while answer.count(b"HTTP/1.1 ") < 2 or not answer.endswith(b"}"):
+                answer += await stream.receive_some()
+        assert answer.startswith(b"HTTP/1.1 404") and b"connection: close" not in answer.lower()
+        assert b"HTTP/1.1 200" in answer
     # A body over 64 KiB, or chunked, is not read (a client with no key could
     # otherwise make the server handle a million one-byte chunks per refusal):
     # the refusal says Connection: close.
@@ -245,6 +254,9 @@ async def test_an_absolute_form_target_is_routed_and_router_refusals_carry_cors(
         )
         answer = await _read_until_closed(stream)
     assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+    async with await _open(server) as stream:  # a decoded %3F must not cut the path short
+        await stream.send_all(b"GET http://x/healthz%3Fx HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert (await _read_until_closed(stream)).startswith(b"HTTP/1.1 404")
     for path, status in (("/nowhere", 404), ("/live/ws", 426)):
         refused = await server.client.get(path, headers={"Origin": "https://acme.com"})
         assert refused.status_code == status
