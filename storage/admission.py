@@ -36,6 +36,9 @@ class Candidate(msgspec.Struct, frozen=True):
     # A consent transition also records the visitor's latest state (newest wins).
     consent_key: bytes | None = None
     consent_state: consent.RecordedConsent | None = None
+    # What the previous version hashed the same content to, when it differs: a
+    # stored record with it is this content too (a retry across the upgrade).
+    legacy_hash: bytes | None = None
 
 
 class Conflict(msgspec.Struct, frozen=True):
@@ -141,7 +144,7 @@ class Admission:
                 raw = known.get(key)
                 record = _readable_ledger(raw, key) if raw is not None else None
                 if record is not None and idempotency.live(record, now_ms, self.window_ms):
-                    if record.content_hash != cand.content_hash:
+                    if record.content_hash != cand.content_hash and record.content_hash != cand.legacy_hash:
                         raise JobRefused(Conflict(cand.eid, index))
                     receipts[index] = record.receipt_id
                     duplicate[index] = True

@@ -56,8 +56,11 @@ def _generated_id(visitor_id: str, timestamp: float) -> str:
     return "consent:" + hashlib.blake2b(eid.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
-def consent_to_event(body: bytes, *, now_ms: int, idempotency_key: str | None = None) -> tuple[bytes, bytes]:
-    """The `_consent_transition` event body and its content identity (see edge_to_event).
+def consent_to_event(
+    body: bytes, *, now_ms: int, idempotency_key: str | None = None
+) -> tuple[bytes, bytes, bytes | None]:
+    """The `_consent_transition` event body, its content identity and the previous version's
+    identity when it differs (see edge_to_event).
 
     Raises ServiceError on a bad body.
     """
@@ -76,4 +79,5 @@ def consent_to_event(body: bytes, *, now_ms: int, idempotency_key: str | None = 
         event["_eid"] = request.eid
     elif request.timestamp is not None or not (idempotency_key and idempotency_key.strip()):
         event["_eid"] = _generated_id(request.visitorId, timestamp)
-    return _encoder.encode(event), _identity_encoder.encode(request)
+    identity, legacy = _identity_encoder.encode(request), _encoder.encode(request)
+    return _encoder.encode(event), identity, (legacy if legacy != identity else None)

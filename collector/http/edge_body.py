@@ -65,12 +65,17 @@ def decode_translated(decoder: msgspec.json.Decoder[T], body: bytes, what: str) 
         raise ServiceError("invalid_json", "body is nested too deeply") from None
 
 
-def edge_to_event(body: bytes, *, user_agent: str | None, now_ms: int) -> tuple[bytes, str, bytes]:
-    """The pageview event body for an edge request, its page URL and its content identity.
+def edge_to_event(
+    body: bytes, *, user_agent: str | None, now_ms: int
+) -> tuple[bytes, str, bytes, bytes | None]:
+    """The pageview event body for an edge request, its page URL, its content identity
+    and the identity the previous version gave it (None when the same).
 
     The identity (the request re-encoded canonically) is what the idempotency
     hash covers: the event itself holds defaults that differ on every retry
-    (the time of receipt). ServiceError on a bad body.
+    (the time of receipt). The previous version did not sort the keys inside
+    `consent`; a stored record with its identity still matches a retry.
+    ServiceError on a bad body.
     """
     edge = decode_translated(_decoder, body, "edge pageview")
     page: dict[str, Any] = {"url": edge.url, "path": urlsplit(edge.url).path or "/", "title": edge.title}
@@ -92,4 +97,5 @@ def edge_to_event(body: bytes, *, user_agent: str | None, now_ms: int) -> tuple[
         event["_eid"] = edge.eid
     if edge.consent is not None:
         event["consent"] = edge.consent
-    return _encoder.encode(event), edge.url, _identity_encoder.encode(edge)
+    identity, legacy = _identity_encoder.encode(edge), _encoder.encode(edge)
+    return _encoder.encode(event), edge.url, identity, (legacy if legacy != identity else None)

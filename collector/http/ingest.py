@@ -133,15 +133,20 @@ async def _ingest(
         )
     body = decompress_body(raw, hdr.get("content-encoding"), hdr.get("content-type"))
     content_identity: bytes | None = None
+    legacy_identity: bytes | None = None
     if route != "/v1/events":
         # The translations keep only known fields: scan the request as sent first.
         refuse_payment_data(body)
         if route == EDGE_ROUTE:
-            body, page_url, content_identity = edge_to_event(body, user_agent=hdr.get("user-agent"), now_ms=now_ms)
+            body, page_url, content_identity, legacy_identity = edge_to_event(
+                body, user_agent=hdr.get("user-agent"), now_ms=now_ms
+            )
             if site is None:
                 site = bind_page_site(record, page_url)
         else:
-            body, content_identity = consent_to_event(body, now_ms=now_ms, idempotency_key=idempotency_key)
+            body, content_identity, legacy_identity = consent_to_event(
+                body, now_ms=now_ms, idempotency_key=idempotency_key
+            )
     assert site is not None  # bound by the gate, or from the edge page above
     storage = services.storage
     client_id, site_id = record.clientId, site.siteId
@@ -168,6 +173,7 @@ async def _ingest(
         now_ms=now_ms,
         idempotency_key=idempotency_key,
         content_identity=content_identity,
+        legacy_identity=legacy_identity,
         strict_consent=site.strictConsent,
         sealer=services.sealer,
         recorded_identity=recorded_identity,
@@ -280,7 +286,7 @@ def _candidate(client_id: str, site_id: str, ev: AcceptedEvent) -> Candidate:
     # The facts outbox consumers read instead of parsing the event.
     facts = (ev.visitor_id, ev.event_type, ev.is_bot, ev.bot_category or "", event_time(ev.event_ms))
     if state is None:
-        return Candidate(ev.eid, ev.content_hash, ev.stored, _UNIT_OF[ev.meter], *facts)
+        return Candidate(ev.eid, ev.content_hash, ev.stored, _UNIT_OF[ev.meter], *facts, legacy_hash=ev.legacy_hash)
     return Candidate(
         ev.eid,
         ev.content_hash,
@@ -291,6 +297,7 @@ def _candidate(client_id: str, site_id: str, ev: AcceptedEvent) -> Candidate:
         consent_state=RecordedConsent(
             state.at_ms, state.analytics, state.identityResolution, state.thirdPartySharing, state.eid
         ),
+        legacy_hash=ev.legacy_hash,
     )
 
 

@@ -38,6 +38,10 @@ class IngestContext(msgspec.Struct, frozen=True, kw_only=True):
     # the client sent it, canonically encoded. The idempotency hash covers it
     # instead of the event, which holds server defaults (the time of receipt).
     content_identity: bytes | None = None
+    # The same request encoded as before object keys inside its free-form maps
+    # were sorted, when that differs: a retry of a request first stored by the
+    # previous version still matches (see legacy_hash).
+    legacy_identity: bytes | None = None
     edge: bool = False  # body is a POST /v1/edge/pageview body, not an events body
     strict_consent: bool = False  # the bound property drops events without analytics consent
     sealer: FieldSealer | None = None  # seals form values and raw identity fields
@@ -61,6 +65,10 @@ class AcceptedEvent(msgspec.Struct, frozen=True):
     consent_state: ConsentState | None = None  # set for _consent_transition events
     visitor_id: str = ""
     event_ms: int = 0  # the client's own timestamp (relative timing: rage clicks)
+    # The hash the previous version gave this content, when it differs (object
+    # keys inside free-form maps were not sorted): admission takes a stored
+    # record with either hash as the same content.
+    legacy_hash: bytes | None = None
 
 
 class EventIssue(msgspec.Struct, frozen=True):

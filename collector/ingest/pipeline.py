@@ -64,6 +64,7 @@ _event_decoder = msgspec.json.Decoder(AnyEvent)  # type: ignore[arg-type]
 _batch_decoder = msgspec.json.Decoder(Batch)
 _generic_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
+_identity_encoder = msgspec.json.Encoder(order="deterministic")  # dict keys sorted
 _EMPTY_EID = len(b'{"eid":""')
 
 
@@ -306,9 +307,19 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
         if drop is not None:
             dropped.append(DroppedEvent(index, eid, drop))
             continue
-        # The idempotency hash covers the event as the client sent it.
+        # The idempotency hash covers the event as the client sent it; key order
+        # inside its free-form maps (form values, identity) is not content.
         client_json = _encoder.encode(event)
-        content_hash = xxhash.xxh3_128_digest(ctx.content_identity or client_json)
+        legacy_hash = None
+        if ctx.content_identity is not None:
+            content_hash = xxhash.xxh3_128_digest(ctx.content_identity)
+            if ctx.legacy_identity is not None:
+                legacy_hash = xxhash.xxh3_128_digest(ctx.legacy_identity)
+        elif isinstance(event, Form | Identify) and (canonical := _identity_encoder.encode(event)) != client_json:
+            content_hash = xxhash.xxh3_128_digest(canonical)
+            legacy_hash = xxhash.xxh3_128_digest(client_json)
+        else:
+            content_hash = xxhash.xxh3_128_digest(client_json)
         if isinstance(to_store, Form | Identify):
             to_store = seal_sensitive(to_store, ctx.sealer, ctx.client_id, eid)
         client_ts = None
@@ -357,6 +368,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
                 consent_state=consent_state,
                 visitor_id=to_store.visitorId,
                 event_ms=int(event.timestamp),
+                legacy_hash=legacy_hash,
             )
         )
     if missing_ids:

@@ -324,6 +324,22 @@ async def test_concurrent_replays_store_once(server: RunningServer) -> None:
     assert len(await outbox_dump(server.data_dir)) == 10
 
 
+async def test_key_order_inside_form_values_and_identity_is_not_content(server: RunningServer) -> None:
+    # Both are free-form maps; a retry that orders their keys differently was a 409.
+    form = pageview("form-order", type="form", action="submit", formId="f", fieldCount=2,
+                    values={"plan": "pro", "size": "m"})
+    who = pageview("identify-order", type="identify", hem="a" * 64, identity={"crm": "c-1", "team": "blue"})
+    for event, field in ((form, "values"), (who, "identity")):
+        first = await server.client.post("/v1/events", json=event, headers=H)
+        assert first.json()["accepted"] == 1, first.text
+        reordered = {**event, field: dict(reversed(list(event[field].items())))}
+        again = await server.client.post("/v1/events", json=reordered, headers=H)
+        assert (again.status_code, again.json()["duplicates"]) == (202, 1), again.text
+        changed = {**event, field: {**event[field], "extra": "x"}}
+        refused = await server.client.post("/v1/events", json=changed, headers=H)
+        assert refused.json()["error"] == "idempotency_conflict"
+
+
 async def test_edge_pageview(server: RunningServer) -> None:
     body = {"_eid": "edge-1", "visitorId": "v9", "sessionId": "s9", "url": "https://acme.com/blog/post?x=1",
             "title": "Post", "referrer": "https://news.example/"}

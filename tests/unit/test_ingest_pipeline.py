@@ -369,3 +369,20 @@ def test_a_202_lists_its_errors_in_request_order() -> None:
         [DroppedEvent(0, "a", "consent_missing")],
     )
     assert [(e["index"], e["error"]) for e in _event_errors(prepared)] == [(0, "dropped"), (2, "validation_error")]
+
+
+def test_translated_bodies_give_the_previous_identity_only_when_it_differs() -> None:
+    from collector.http.consent_body import consent_to_event
+    from collector.http.edge_body import edge_to_event
+
+    def consent_body(consent: str) -> bytes:
+        return b'{"visitorId":"v","timestamp":1,"consent":' + consent.encode() + b"}"
+
+    _, identity, legacy = consent_to_event(consent_body('{"identityResolution":false,"analytics":true}'), now_ms=5)
+    assert legacy is not None and b'"identityResolution":false,"analytics":true' in legacy
+    assert b'"analytics":true,"identityResolution":false' in identity
+    _, same, none = consent_to_event(consent_body('{"analytics":true,"identityResolution":false}'), now_ms=5)
+    assert none is None and same == identity
+    edge = b'{"visitorId":"v","sessionId":"s","url":"https://a.com/","consent":{"b":1,"a":2}}'
+    _, _, edge_identity, edge_legacy = edge_to_event(edge, user_agent="UA", now_ms=5)
+    assert edge_legacy is not None and edge_legacy != edge_identity

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 import trio
 import trio.testing
@@ -63,6 +64,20 @@ def test_conflict_refuses_without_writing(tmp_path: Path) -> None:
         run_job_now(storage, admission(["b", "a"], content=b"z" * 16))
     assert refused.value.reason == Conflict("a", 1)
     assert [r.eid for _, r in outbox.iter_outbox(storage)] == ["a"]
+
+
+def test_a_record_with_the_previous_versions_hash_is_the_same_content(tmp_path: Path) -> None:
+    # Form values, identity maps and the edge/consent `consent` map were hashed
+    # with their keys in the order sent; now sorted. A retry of a request the
+    # previous version stored carries that hash as legacy_hash.
+    storage = Storage(tmp_path)
+    run_job_now(storage, admission(["a"], content=b"o" * 16))
+    retry = admission(["a"], content=b"n" * 16)
+    retry.candidates = [msgspec.structs.replace(c, legacy_hash=b"o" * 16) for c in retry.candidates]
+    result: AdmissionResult = run_job_now(storage, retry)
+    assert result.duplicate == [True]
+    with pytest.raises(JobRefused):  # anything else is still a conflict
+        run_job_now(storage, admission(["a"], content=b"z" * 16))
 
 
 def test_expired_idempotency_record_is_admitted_again(tmp_path: Path) -> None:
