@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl
 
 import trio
 
-from collector.errors import ServiceError
+from collector.errors import ServiceError, render_error
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -165,3 +165,17 @@ async def send_response(
     raw_headers.extend((name.encode("latin-1"), value.encode("latin-1")) for name, value in headers)
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})
     await send({"type": "http.response.body", "body": b"" if head else body})
+
+
+async def send_refusal(
+    request: Request, receive: Receive, send: Send, error: ServiceError, headers: list[tuple[str, str]]
+) -> None:
+    """`error` in the spec's error body, after `headers` and the error's own.
+
+    For a refusal made before the request body was read: the body is drained
+    first when BodyTracker allows, else the response says Connection: close.
+    """
+    headers = [*headers, *error.headers.items()]
+    if not await BodyTracker(receive).finish(request):  # keep the connection usable
+        headers.append(("Connection", "close"))
+    await send_response(send, error.status, render_error(error), headers)

@@ -15,14 +15,14 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from collector.errors import ServiceError, render_error
+from collector.errors import ServiceError
 from collector.http.asgi import (
     JSON_CONTENT_TYPE,
-    BodyTracker,
     Receive,
     Request,
     Scope,
     Send,
+    send_refusal,
     send_response,
 )
 from collector.services import Services
@@ -95,10 +95,7 @@ def _route(
                 headers={"Allow": "GET, HEAD"},
             )
             services.metrics.count_request(path, error.status)
-            headers = [("X-Request-ID", request.request_id), *error.headers.items()]
-            if not await BodyTracker(receive).finish(request):  # keep the connection usable
-                headers.append(("Connection", "close"))
-            await send_response(send, error.status, render_error(error), headers)
+            await send_refusal(request, receive, send, error, [("X-Request-ID", request.request_id)])
             return
         status, body, headers = await answer()
         services.metrics.count_request(path, status)

@@ -14,7 +14,7 @@ from urllib.parse import unquote, urlsplit
 from quart_trio import QuartTrio
 
 from collector.errors import ServiceError, render_error
-from collector.http.asgi import BodyTracker, Receive, Request, Scope, Send, send_response
+from collector.http.asgi import Receive, Request, Scope, Send, send_refusal
 from collector.http.headers import cors_headers
 from collector.services import Services
 
@@ -81,14 +81,8 @@ class Router:
         request = Request(scope)
         self.services.metrics.count_request("unmatched", error.status)
         # CORS as on every route, so a page's script can read why it was refused
-        headers = [
-            ("X-Request-ID", request.request_id),
-            *cors_headers(request.headers.get("origin")),
-            *error.headers.items(),
-        ]
-        if not await BodyTracker(receive).finish(request):  # keep the connection usable
-            headers.append(("Connection", "close"))
-        await send_response(send, error.status, render_error(error), headers)
+        headers = [("X-Request-ID", request.request_id), *cors_headers(request.headers.get("origin"))]
+        await send_refusal(request, receive, send, error, headers)
 
     async def _refuse_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """No WebSocket route is served yet: refuse the handshake in the spec's error format.
