@@ -28,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from collector.http.edge_body import decode_translated
+from collector.http.edge_body import content_identities, decode_translated
 
 
 class ConsentBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -41,9 +41,6 @@ class ConsentBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 _decoder = msgspec.json.Decoder(ConsentBody)
 _encoder = msgspec.json.Encoder()
-# The content identity: object keys inside free-form maps (`consent`) sorted, so a
-# retry that orders them differently is the same content, not a 409.
-_identity_encoder = msgspec.json.Encoder(order="deterministic")
 
 
 MAX_ID = 128  # spec 8.1
@@ -79,5 +76,4 @@ def consent_to_event(
         event["_eid"] = request.eid
     elif request.timestamp is not None or not (idempotency_key and idempotency_key.strip()):
         event["_eid"] = _generated_id(request.visitorId, timestamp)
-    identity, legacy = _identity_encoder.encode(request), _encoder.encode(request)
-    return _encoder.encode(event), identity, (legacy if legacy != identity else None)
+    return (_encoder.encode(event), *content_identities(request))

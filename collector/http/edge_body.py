@@ -97,5 +97,14 @@ def edge_to_event(
         event["_eid"] = edge.eid
     if edge.consent is not None:
         event["consent"] = edge.consent
-    identity, legacy = _identity_encoder.encode(edge), _encoder.encode(edge)
-    return _encoder.encode(event), edge.url, identity, (legacy if legacy != identity else None)
+    return (_encoder.encode(event), edge.url, *content_identities(edge))
+
+
+def content_identities(request: msgspec.Struct) -> tuple[bytes, bytes | None]:
+    """A translated request's content identity, and the previous version's when it differs.
+
+    The identity sorts the keys inside the request's free-form maps (`consent`);
+    the previous version encoded them in the order sent.
+    """
+    identity, legacy = _identity_encoder.encode(request), _encoder.encode(request)
+    return identity, (legacy if legacy != identity else None)
