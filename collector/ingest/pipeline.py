@@ -248,6 +248,17 @@ def refuse_payment_data(body: bytes, decoded: object | None = None) -> None:
     _refuse(find_payment_data(body, decoded))
 
 
+def readable_client_time(timestamp: int | float | None) -> int | float | None:
+    """A client's clock reading when a JavaScript consumer reads it exactly (0 to 2^53 ms), else None.
+
+    A wilder clock (1e300, 4,000 digits, negative) is dropped rather than kept:
+    past 64 bits it could not even be stored.
+    """
+    if timestamp is None or not 0 <= timestamp <= MAX_CLIENT_TS:
+        return None
+    return timestamp
+
+
 def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
     """Validate a request body; raises ServiceError for request-level refusals."""
     header_key = ctx.idempotency_key.strip() if ctx.idempotency_key is not None else None
@@ -324,9 +335,8 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
             to_store = seal_sensitive(to_store, ctx.sealer, ctx.client_id, eid)
         client_ts = None
         if abs(event.timestamp - ctx.now_ms) > SKEW_MS:
-            # Kept as clientTimestamp only inside what a JavaScript consumer reads
-            # exactly; a wilder clock (1e300, 4,000 digits) is overridden and dropped.
-            client_ts = event.timestamp if 0 <= event.timestamp <= MAX_CLIENT_TS else None
+            # Kept as clientTimestamp only when readable; overridden either way.
+            client_ts = readable_client_time(event.timestamp)
             to_store = msgspec.structs.replace(to_store, timestamp=ctx.now_ms)
         if to_store is not event:
             client_json = _encoder.encode(to_store)

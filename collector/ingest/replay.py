@@ -22,7 +22,7 @@ import msgspec
 import xxhash
 
 from collector.errors import ServiceError
-from collector.ingest.pipeline import MAX_CLIENT_TS, decode_json, refuse_payment_data
+from collector.ingest.pipeline import decode_json, readable_client_time, refuse_payment_data
 
 MAX_CHUNK_BYTES = 1024 * 1024  # the stored records of one chunk, after decoding
 MAX_RECORDS = 10_000
@@ -73,21 +73,10 @@ def prepare_replay(body: bytes) -> ReplayChunk:
             f" {MAX_CHUNK_BYTES} byte limit; send smaller chunks",
         )
     content_hash = xxhash.xxh3_128_digest(parsed.visitorId.encode() + b"\x00" + events)
+    # The send time is informational (not content): a wild one is dropped, not refused.
     return ReplayChunk(
-        parsed.visitorId, parsed.sessionId, parsed.seq, _send_time(parsed.timestamp), events, content_hash
+        parsed.visitorId, parsed.sessionId, parsed.seq, readable_client_time(parsed.timestamp), events, content_hash
     )
-
-
-def _send_time(timestamp: int | float | None) -> int | float | None:
-    """The client's send time when it is one a JavaScript consumer reads exactly, else None.
-
-    It is informational (not part of the content), so a wild clock (1e20, -1)
-    is dropped as /v1/events drops it, rather than refusing the chunk; an
-    integer past 64 bits could not even be stored.
-    """
-    if timestamp is None or not 0 <= timestamp <= MAX_CLIENT_TS:
-        return None
-    return timestamp
 
 
 def _invalid(path: str, message: str) -> ServiceError:
