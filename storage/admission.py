@@ -39,6 +39,9 @@ class Candidate(msgspec.Struct, frozen=True):
     # What the previous version hashed the same content to, when it differs: a
     # stored record with it is this content too (a retry across the upgrade).
     legacy_hash: bytes | None = None
+    # A scroll event's (depth, timeOnPage): stored as the outbox record's last
+    # fact, only on scroll records (see storage.outbox.OutboxRecord.scroll).
+    scroll: tuple[float, float] | None = None
 
 
 class Conflict(msgspec.Struct, frozen=True):
@@ -183,27 +186,23 @@ class Admission:
                 receipt = receipt_format % seq
                 receipts[index] = receipt
                 # Tuples in the field order of OutboxRecord / IdempotencyRecord.
-                outbox_rows.append(
-                    (
-                        seq.to_bytes(8, "big"),
-                        encode_record(
-                            (
-                                receipt,
-                                client_id,
-                                site_id,
-                                cand.eid,
-                                now_ms,
-                                key_type,
-                                cand.stored,
-                                cand.visitor_id,
-                                cand.event_type,
-                                cand.is_bot,
-                                cand.bot_category,
-                                cand.event_ms,
-                            )
-                        ),
-                    )
+                fields: tuple[Any, ...] = (
+                    receipt,
+                    client_id,
+                    site_id,
+                    cand.eid,
+                    now_ms,
+                    key_type,
+                    cand.stored,
+                    cand.visitor_id,
+                    cand.event_type,
+                    cand.is_bot,
+                    cand.bot_category,
+                    cand.event_ms,
                 )
+                if cand.scroll is not None:  # other records end before it (its default)
+                    fields += (cand.scroll,)
+                outbox_rows.append((seq.to_bytes(8, "big"), encode_record(fields)))
                 ledger_rows.append(
                     (keys[index], encode_ledger((cand.content_hash, receipt, now_ms)))
                 )

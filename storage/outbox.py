@@ -56,6 +56,8 @@ class OutboxRecord(msgspec.Struct, array_like=True, frozen=True):
     # The client's own timestamp (0: not recorded): consumers compare events
     # of one visitor by it (a skewed clock keeps its intervals).
     event_ms: int = 0
+    # A scroll event's (depth percent, timeOnPage ms); only scroll records carry it.
+    scroll: tuple[float, float] | None = None
 
 
 class RecordFacts(OutboxRecord, array_like=True, frozen=True):

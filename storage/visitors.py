@@ -72,6 +72,15 @@ class VisitorRecord(msgspec.Struct, array_like=True, frozen=True):
     rage_clicks: int = 0  # third and later clicks of a burst (each within RAGE_GAP_MS)
     last_click_ms: int = 0  # the client timestamp of the latest click (burst state)
     click_burst: int = 0  # clicks in the current burst
+    # Page engagement (spec 2.3: the server derives scroll depth and time on
+    # page from the later scroll events). The current page is the one opened
+    # by the latest pageview (by client time); scrolls of an earlier page that
+    # arrive after a newer pageview are not credited to the newer one.
+    page_ms: int = 0  # the client timestamp of the current page's pageview (0: none or unknown)
+    page_depth: float = 0.0  # the deepest scroll on the current page, percent
+    page_time_ms: float = 0.0  # the longest timeOnPage a scroll on it reported
+    depth_sum: float = 0.0  # page_depth of every page the visitor has left
+    time_sum_ms: float = 0.0  # page_time_ms of every page the visitor has left
 
     @property
     def is_bot(self) -> bool:
@@ -95,6 +104,7 @@ class VisitorEvent(NamedTuple):
     event_type: str = "pageview"
     native: bool = False  # sent with a mobile or server key
     event_ms: int = 0  # the client's timestamp
+    scroll: tuple[float, float] | None = None  # a scroll's (depth, timeOnPage)
 
 
 class _EventFacts(msgspec.Struct):
@@ -104,6 +114,8 @@ class _EventFacts(msgspec.Struct):
     timestamp: int | float = 0  # the stored time: the server's when the client's was skewed
     clientTimestamp: int | float | None = None  # the client's, kept when it was skewed
     bot: Any = None
+    depth: Any = None  # a scroll's; Any: a field of no use here must not make the event unreadable
+    timeOnPage: Any = None
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -140,6 +152,8 @@ def merge(record: VisitorRecord | None, events: list[VisitorEvent]) -> VisitorRe
     categories, types = record.categories, dict(record.types)
     last_category = record.last_category
     rage, last_click, burst = record.rage_clicks, record.last_click_ms, record.click_burst
+    page_ms, page_depth, page_time = record.page_ms, record.page_depth, record.page_time_ms
+    depth_sum, time_sum = record.depth_sum, record.time_sum_ms
     copied = False
     for ev in events:
         first, last = min(first, ev.at_ms), max(last, ev.at_ms)
@@ -151,6 +165,15 @@ def merge(record: VisitorRecord | None, events: list[VisitorEvent]) -> VisitorRe
             categories[ev.category] = categories.get(ev.category, 0) + 1
             bot_events += 1
             last_category = ev.category
+        if ev.event_type == "pageview":
+            if ev.event_ms <= 0 or ev.event_ms >= page_ms:  # a newer page: the current one is left
+                depth_sum, time_sum = depth_sum + page_depth, time_sum + page_time
+                page_ms, page_depth, page_time = max(ev.event_ms, 0), 0.0, 0.0
+            continue
+        if ev.scroll is not None:
+            if ev.event_ms <= 0 or ev.event_ms >= page_ms:  # not a scroll of a page already left
+                page_depth, page_time = max(page_depth, ev.scroll[0]), max(page_time, ev.scroll[1])
+            continue
         if ev.event_type == "click":
             if ev.event_ms <= 0:  # time unknown (a record from before times were kept)
                 burst, last_click = 0, 0
@@ -161,7 +184,7 @@ def merge(record: VisitorRecord | None, events: list[VisitorEvent]) -> VisitorRe
             last_click = ev.event_ms
     return VisitorRecord(
         first, last, record.events + len(events), bot_events, categories, last_category,
-        types, native, rage, last_click, burst,
+        types, native, rage, last_click, burst, page_ms, page_depth, page_time, depth_sum, time_sum,
     )
 
 
@@ -206,7 +229,7 @@ class FoldVisitors:
                     visitor = record.visitor_id
                     event = VisitorEvent(
                         record.committed_ms, record.is_bot, record.bot_category,
-                        record.event_type, native, record.event_ms,
+                        record.event_type, native, record.event_ms, record.scroll,
                     )
                 else:
                     # Written before records carried facts: parse the event itself.
@@ -219,9 +242,12 @@ class FoldVisitors:
                         continue
                     visitor = facts.visitorId
                     client_ms = facts.clientTimestamp if facts.clientTimestamp is not None else facts.timestamp
+                    scroll = None
+                    if facts.type == "scroll" and _is_number(facts.depth) and _is_number(facts.timeOnPage):
+                        scroll = (float(facts.depth), float(facts.timeOnPage))
                     event = VisitorEvent(
                         facts.receivedAt or record.committed_ms, bool(facts.bot.get("isBot")),
-                        str(facts.bot.get("category", "")), facts.type, native, outbox.event_time(client_ms),
+                        str(facts.bot.get("category", "")), facts.type, native, outbox.event_time(client_ms), scroll,
                     )
                 seen.setdefault((record.client_id, record.site_id, visitor), []).append(event)
         last = int.from_bytes(last_key, "big") if last_key is not None else after
@@ -229,6 +255,10 @@ class FoldVisitors:
 
 
 _Seen = dict[tuple[str, str, str], list[VisitorEvent]]
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _skip_unreadable(key: bytes) -> None:
@@ -349,7 +379,9 @@ def _from_appended(appended: list[Appended], after: int) -> tuple[_Seen, int, in
                 return None
             if cand.event_type == "_consent_transition":
                 continue
-            event = VisitorEvent(at_ms, cand.is_bot, cand.bot_category, cand.event_type, native, cand.event_ms)
+            event = VisitorEvent(
+                at_ms, cand.is_bot, cand.bot_category, cand.event_type, native, cand.event_ms, cand.scroll
+            )
             seen.setdefault((client_id, site_id, visitor), []).append(event)
     return seen, read, expected - 1
 

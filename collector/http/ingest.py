@@ -286,7 +286,10 @@ def _candidate(client_id: str, site_id: str, ev: AcceptedEvent) -> Candidate:
     # The facts outbox consumers read instead of parsing the event.
     facts = (ev.visitor_id, ev.event_type, ev.is_bot, ev.bot_category or "", event_time(ev.event_ms))
     if state is None:
-        return Candidate(ev.eid, ev.content_hash, ev.stored, _UNIT_OF[ev.meter], *facts, legacy_hash=ev.legacy_hash)
+        return Candidate(
+            ev.eid, ev.content_hash, ev.stored, _UNIT_OF[ev.meter], *facts,
+            legacy_hash=ev.legacy_hash, scroll=ev.scroll,
+        )
     return Candidate(
         ev.eid,
         ev.content_hash,

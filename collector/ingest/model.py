@@ -69,6 +69,9 @@ class AcceptedEvent(msgspec.Struct, frozen=True):
     # keys inside free-form maps were not sorted): admission takes a stored
     # record with either hash as the same content.
     legacy_hash: bytes | None = None
+    # A scroll event's (depth percent, timeOnPage ms): the visitor projection
+    # derives the page's scroll depth and time on page from them (spec 2.3).
+    scroll: tuple[float, float] | None = None
 
 
 class EventIssue(msgspec.Struct, frozen=True):

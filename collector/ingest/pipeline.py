@@ -51,6 +51,7 @@ from collector.ingest.schema import (
     Form,
     Identify,
     Pageview,
+    Scroll,
 )
 from collector.ingest.sealing import seal_sensitive
 from collector.ingest.validate import check_event, rewrite_platform
@@ -379,6 +380,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
                 visitor_id=to_store.visitorId,
                 event_ms=int(event.timestamp),
                 legacy_hash=legacy_hash,
+                scroll=(event.depth, event.timeOnPage) if isinstance(event, Scroll) else None,
             )
         )
     if missing_ids:

@@ -55,6 +55,25 @@ def conversion_readiness(record: VisitorRecord) -> int:
     return min(100, points)
 
 
+def engagement(record: VisitorRecord) -> dict[str, float]:
+    """Scroll depth and time on page, derived from the visitor's scroll events (spec 2.3).
+
+    The current page is the latest pageview's: its deepest scroll milestone
+    and the longest timeOnPage its scrolls reported (0 until one arrives).
+    The averages and total run over every pageview, the current one included;
+    a page without a scroll counts as depth 0 and time 0.
+    """
+    pages = record.types.get("pageview", 0)
+    depth_total = record.depth_sum + record.page_depth
+    time_total = record.time_sum_ms + record.page_time_ms
+    return {
+        "scrollDepth": record.page_depth,
+        "timeOnPageMs": record.page_time_ms,
+        "averageScrollDepth": round(depth_total / pages, 1) if pages else record.page_depth,
+        "totalTimeOnPageMs": time_total,
+    }
+
+
 def snapshot(
     view: VisitorView, *, visitor_id: str, site_id: str, session_id: str | None, now_ms: int
 ) -> dict[str, Any]:
@@ -89,6 +108,7 @@ def snapshot(
             "firstSeen": record.first_ms,
             "lastSeen": record.last_ms,
         },
+        "engagement": engagement(record),
         "asOf": now_ms,
     }
 

@@ -81,7 +81,7 @@ RATE_HEADERS = (
 )
 SNAPSHOT_KEYS = {
     "visitorId", "siteId", "sessionId", "coverageMode", "pending", "stale", "behavioralClass",
-    "bot", "scores", "activity", "asOf",
+    "bot", "scores", "activity", "engagement", "asOf",
 }
 ACTIVITY_KEYS = {
     "events", "pageviews", "clicks", "scrolls", "forms", "customs", "identifies", "rageClicks",
@@ -227,6 +227,36 @@ async def test_full_snapshot_after_the_fold(nursery: trio.Nursery, tmp_path: Pat
     assert "collector_visitor_fold_at_commit_groups 1.0" in metrics, metrics
     assert "collector_visitor_fold_at_commit_events 9.0" in metrics, metrics
     assert "collector_visitor_projection_passes 0.0" in metrics, metrics
+
+
+async def test_scroll_depth_and_time_on_page(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # Spec 2.3: the server derives scroll depth and time on page from the
+    # later scroll events of the page.
+    server = await started(nursery, tmp_path)
+    t0 = int(time.time() * 1000)
+    await post(server, PAID, [
+        event("e-pv1", "pageview", "reader", at=t0),
+        event("e-s1", "scroll", "reader", at=t0 + 3_000, depth=25, timeOnPage=3_000),
+        event("e-s2", "scroll", "reader", at=t0 + 9_000, depth=50, timeOnPage=9_000),
+    ], **PAID_ORIGIN)
+    await folded(server)
+    body = (await read(server, "reader", key=PAID, **PAID_ORIGIN)).json()
+    assert body["engagement"] == {
+        "scrollDepth": 50, "timeOnPageMs": 9_000, "averageScrollDepth": 50, "totalTimeOnPageMs": 9_000,
+    }
+    # The next page starts afresh; a late scroll of the first page is not credited to it.
+    await post(server, PAID, [
+        event("e-pv2", "pageview", "reader", at=t0 + 20_000),
+        event("e-s3", "scroll", "reader", at=t0 + 24_000, depth=25, timeOnPage=4_000),
+    ], **PAID_ORIGIN)
+    await post(server, PAID, [event("e-late", "scroll", "reader", at=t0 + 15_000, depth=90, timeOnPage=15_000)],
+               **PAID_ORIGIN)
+    await folded(server)
+    body = (await read(server, "reader", key=PAID, **PAID_ORIGIN)).json()
+    assert body["engagement"] == {
+        "scrollDepth": 25, "timeOnPageMs": 4_000, "averageScrollDepth": 37.5, "totalTimeOnPageMs": 13_000,
+    }
+    assert body["activity"]["scrolls"] == 4
 
 
 async def test_crawler_visitor_is_a_bot(nursery: trio.Nursery, tmp_path: Path) -> None:

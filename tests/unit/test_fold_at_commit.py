@@ -30,7 +30,8 @@ def _job(events: list[Event], *, key_type: str = "browser") -> Admission:
         Candidate(eid, eid.encode().ljust(16, b"#"),
                   json.dumps({"type": kind, "visitorId": visitor, "timestamp": ms,
                               "bot": {"isBot": is_bot, "category": category}}).encode(),
-                  None, visitor, kind, is_bot, category, ms)
+                  None, visitor, kind, is_bot, category, ms,
+                  scroll=(50.0, 3000.0) if kind == "scroll" else None)
         for eid, visitor, kind, is_bot, category, ms in events
     ]
     return Admission(client_id="acme", site_id="web", key_type=key_type, account="acme", period="2026-11",
@@ -96,6 +97,8 @@ def test_folding_at_commit_equals_reading_the_outbox(tmp_path: Path) -> None:
         assert fold_position(read) == (0, 8)
         assert _catch_up(read) == FoldResult(8, 8, False)
         assert _visitors(inline) == _visitors(read) and len(_visitors(inline)) == 3
+        [(_, _, scroller)] = iter_visitors(inline, "q")
+        assert (scroller.page_depth, scroller.page_time_ms) == (50.0, 3000.0)
     finally:
         inline.close()
         read.close()

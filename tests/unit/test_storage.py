@@ -236,8 +236,12 @@ def test_format_0_directory_is_migrated(tmp_path: Path) -> None:
 def test_admission_encodings_match_the_record_structs() -> None:
     # Admission encodes field tuples and formats receipts per request; the
     # bytes must be those the Structs and receipt_id give.
-    fields = ("rcpt_ab000000000001", "acme", "web", "e1", 123, "browser", b"{}", "v1", "click", True, "tool", 4567)
-    assert outbox.encode_fields(fields) == outbox.encode(outbox.OutboxRecord(*fields))
+    fields = ("rcpt_ab000000000001", "acme", "web", "e1", 123, "browser", b"{}", "v1", "scroll", True, "tool", 4567)
+    scrolled = (*fields, (75.0, 1200.0))
+    assert outbox.encode_fields(scrolled) == outbox.encode(outbox.OutboxRecord(*scrolled))
+    # Records of other events end before the scroll fact: they read as its default.
+    assert outbox.decode(outbox.encode_fields(fields)) == outbox.OutboxRecord(*fields)
+    assert outbox.decode_facts(outbox.encode_fields(scrolled)).scroll == (75.0, 1200.0)
     ledger = (b"h" * 16, "rcpt_ab000000000001", 123)
     assert idempotency.encode_fields(ledger) == idempotency.encode(idempotency.IdempotencyRecord(*ledger))
     for node in ("ab12cd34", "odd%node"):

@@ -135,6 +135,26 @@ def test_old_records_fold_from_their_event_and_new_ones_from_their_facts(tmp_pat
         storage.close()
 
 
+def test_scroll_facts_fold_from_new_and_old_records(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    try:
+        # Old: the depth and timeOnPage are read from the event itself.
+        _append_old_format(storage, 1, "reader", {"isBot": False, "category": "human"},
+                           type="scroll", depth=50, timeOnPage=6000, timestamp=2000)
+        # New: the record carries them as its last fact.
+        fields = ("rcpt_x000000000002", "acme", "web", "e2", 3000, "browser", b"{}", "reader", "scroll",
+                  False, "human", 3000, (75.0, 9000.0))
+        with storage.env.begin(write=True) as txn:
+            txn.put(outbox.seq_key(2), outbox.encode_fields(fields), db=storage.dbs.outbox)
+            txn.put(outbox.NEXT_SEQ, (3).to_bytes(8, "big"), db=storage.dbs.meta)
+        assert _fold(storage, batch=10).folded == 2
+        [(_, _, record)] = iter_visitors(storage, "reader")
+        assert (record.page_depth, record.page_time_ms) == (75, 9000)
+        assert record.types == {"scroll": 2}
+    finally:
+        storage.close()
+
+
 def test_facts_are_trusted_without_parsing_the_event(tmp_path: Path) -> None:
     # The fold reads the record's facts, not the event: an event that does not
     # even parse still folds (check reports facts that disagree with the event).
@@ -161,6 +181,7 @@ events = st.lists(
         st.sampled_from(["pageview", "click", "scroll", "form"]),
         st.booleans(),
         st.integers(0, 5000),
+        st.one_of(st.none(), st.tuples(st.floats(0, 100), st.floats(0, 1e7))),
     ),
     min_size=1, max_size=12,
 )
@@ -199,6 +220,31 @@ def test_rage_clicks_are_the_third_and_later_clicks_of_a_burst() -> None:
     # ends the burst and is never a rage click.
     record = merge(record, [click(400), click(0), click(0), click(0), click(500)])
     assert record.rage_clicks == 5 and record.click_burst == 1  # only 400 (third of 100, 300, 400)
+
+
+def test_scroll_depth_and_time_on_page_per_page() -> None:
+    def pageview(ms: int) -> VisitorEvent:
+        return VisitorEvent(1, False, "human", "pageview", False, ms)
+
+    def scroll(ms: int, depth: float, time_on_page: float) -> VisitorEvent:
+        return VisitorEvent(1, False, "human", "scroll", False, ms, (depth, time_on_page))
+
+    # Page one: milestones 25 and 50; the deepest and the longest count.
+    record = merge(None, [pageview(1000), scroll(4000, 25, 3000), scroll(9000, 50, 8000), scroll(9500, 25, 2000)])
+    assert (record.page_ms, record.page_depth, record.page_time_ms) == (1000, 50, 8000)
+    assert (record.depth_sum, record.time_sum_ms) == (0, 0)
+    # Page two opens: page one is left (its figures move to the sums).
+    record = merge(record, [pageview(20_000), scroll(24_000, 25, 4000)])
+    assert (record.page_ms, record.page_depth, record.page_time_ms) == (20_000, 25, 4000)
+    assert (record.depth_sum, record.time_sum_ms) == (50, 8000)
+    # A scroll of page one arriving late is not credited to page two, nor is
+    # an older pageview arriving late a new current page.
+    record = merge(record, [scroll(15_000, 90, 14_000), pageview(12_000)])
+    assert (record.page_ms, record.page_depth, record.page_time_ms) == (20_000, 25, 4000)
+    assert (record.depth_sum, record.time_sum_ms) == (50, 8000)
+    assert record.types == {"pageview": 3, "scroll": 5}
+    # A scroll of unknown time (0) counts for the current page.
+    assert merge(record, [scroll(0, 75, 100)]).page_depth == 75
 
 
 def test_records_written_before_the_snapshot_fields_still_decode() -> None:
