@@ -66,10 +66,14 @@ def decode_translated(decoder: msgspec.json.Decoder[T], body: bytes, what: str) 
 
 
 def edge_to_event(
-    body: bytes, *, user_agent: str | None, now_ms: int
+    body: bytes, *, user_agent: str | None, now_ms: int, website_key: bool = True
 ) -> tuple[bytes, str, bytes, bytes | None]:
     """The pageview event body for an edge request, its page URL, its content identity
     and the identity the previous version gave it (None when the same).
+
+    A website key's pageview is a web pageview; a mobile or server key's
+    declares no platform, so the key type stamps it (spec 2.4: react-native,
+    server) and it is validated and classified as native (spec 5.5 rule 7).
 
     The identity (the request re-encoded canonically) is what the idempotency
     hash covers: the event itself holds defaults that differ on every retry
@@ -81,17 +85,16 @@ def edge_to_event(
     page: dict[str, Any] = {"url": edge.url, "path": urlsplit(edge.url).path or "/", "title": edge.title}
     if edge.referrer:
         page["referrer"] = edge.referrer
+    device: dict[str, Any] = {"userAgent": edge.userAgent or user_agent or "", "viewport": {"width": 0, "height": 0}}
+    if website_key:
+        device["clientPlatform"] = "web"
     event: dict[str, Any] = {
         "type": "pageview",
         "visitorId": edge.visitorId,
         "sessionId": edge.sessionId,
         "timestamp": edge.timestamp if edge.timestamp is not None else now_ms,
         "page": page,
-        "device": {
-            "userAgent": edge.userAgent or user_agent or "",
-            "viewport": {"width": 0, "height": 0},
-            "clientPlatform": "web",
-        },
+        "device": device,
     }
     if edge.eid is not None:
         event["_eid"] = edge.eid

@@ -139,7 +139,7 @@ async def _ingest(
         refuse_payment_data(body)
         if route == EDGE_ROUTE:
             body, page_url, content_identity, legacy_identity = edge_to_event(
-                body, user_agent=hdr.get("user-agent"), now_ms=now_ms
+                body, user_agent=hdr.get("user-agent"), now_ms=now_ms, website_key=key_type == KeyType.BROWSER
             )
             if site is None:
                 site = bind_page_site(record, page_url)

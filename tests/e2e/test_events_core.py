@@ -7,7 +7,7 @@ import json
 
 import trio
 
-from tests.conftest import BROWSER_KEY, RunningServer, click, pageview
+from tests.conftest import BROWSER_KEY, MOBILE_KEY, RunningServer, click, pageview
 from tests.helpers import outbox_dump
 
 H = {"X-API-Key": BROWSER_KEY, "Origin": "https://acme.com", "Content-Type": "application/json"}
@@ -371,6 +371,30 @@ async def test_edge_pageview(server: RunningServer) -> None:
     assert no_id.json()["error"] == "idempotency_required"
     leak = await server.client.post("/v1/edge/pageview", json={**body, "_eid": "edge-2", "note": "4111 1111 1111 1111"}, headers=H)
     assert leak.json()["error"] == "prohibited_payment_data"
+
+
+async def test_edge_pageview_with_a_mobile_key_is_native(server: RunningServer) -> None:
+    # Spec 2.4: a mobile key's event without a declared platform is stamped
+    # react-native; native clients are exempt from the user-agent heuristics
+    # (spec 5.5 rule 7) and may use a custom scheme (2.2). It was stamped web:
+    # an okhttp relay was a bot "tool" and an app URL a validation error.
+    headers = {"X-API-Key": MOBILE_KEY, "User-Agent": "okhttp/4.12.0"}
+    sent = [{"_eid": "edge-app-1", "visitorId": "mv1", "sessionId": "s1", "url": "myapp://home", "title": "Home"},
+            {"_eid": "edge-app-2", "visitorId": "mv1", "sessionId": "s1", "url": "https://app.example/home"}]
+    for body in sent:
+        response = await server.client.post("/v1/edge/pageview", json=body, headers=headers)
+        assert (response.status_code, response.json()["accepted"]) == (202, 1), response.text
+    stored = [row["event"] for row in await outbox_dump(server.data_dir) if row["eid"].startswith("edge-app")]
+    assert [e["device"]["clientPlatform"] for e in stored] == ["react-native", "react-native"]
+    assert [e["bot"]["isBot"] for e in stored] == [False, False]
+    # A website key's edge pageview stays web, and is classified as one.
+    web = await server.client.post(
+        "/v1/edge/pageview", headers={**H, "User-Agent": "okhttp/4.12.0"},
+        json={"_eid": "edge-web-1", "visitorId": "wv1", "sessionId": "s1", "url": "https://acme.com/"},
+    )
+    assert web.status_code == 202, web.text
+    [row] = [row for row in await outbox_dump(server.data_dir) if row["eid"] == "edge-web-1"]
+    assert row["event"]["device"]["clientPlatform"] == "web" and row["event"]["bot"]["category"] == "tool"
 
 
 async def test_unknown_routes_and_methods_use_the_error_format(server: RunningServer) -> None:
