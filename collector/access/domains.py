@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from publicsuffixlist import PublicSuffixList
 
-from collector.access.hostnames import ascii_host, normalize_domain, utf8_header
+from collector.access.hostnames import ascii_host, ip_literal, normalize_domain, utf8_header
 from collector.access.tenants import KeyRecord, KeyType, Site
 from collector.errors import ServiceError
 
@@ -75,12 +75,15 @@ def _matches(host: str, domain: str) -> bool:
 def _site_score(site: Site, host: str) -> int:
     """How specifically a site's domains cover `host`: 0 for not at all."""
     best = 0
+    address = ip_literal(host)
     for raw in site.domains:
         domain = normalize_domain(raw)
         if not domain:
             continue
-        if host == domain:
+        if host == domain or (address is not None and address == domain):
             best = max(best, 10_000)
+        elif address is not None or ip_literal(domain) is not None:
+            continue  # an IP address matches itself only (its "root" by the suffix list is nonsense)
         elif _matches(host, domain):
             best = max(best, 1_000 + len(domain))
         else:

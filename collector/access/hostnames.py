@@ -45,9 +45,25 @@ def utf8_header(value: str) -> str:
 
 
 def normalize_domain(domain: str) -> str:
-    """A registered domain as it is matched: a leading `*.` adds nothing (spec 5.5 rule 2)."""
+    """A registered domain as it is matched: a leading `*.` adds nothing (spec 5.5 rule 2).
+
+    An IP address is written as a URL parser gives it (no brackets, canonical form).
+    """
     domain = domain.strip()
-    return ascii_host(domain[2:] if domain.startswith("*.") else domain)
+    host = ascii_host(domain[2:] if domain.startswith("*.") else domain)
+    return ip_literal(host) or host
+
+
+@functools.lru_cache(maxsize=4096)
+def ip_literal(host: str) -> str | None:
+    """The canonical text of `host` when it is an IP address (brackets allowed), else None.
+
+    An address has no subdomains, apex or siblings: it matches itself only.
+    """
+    try:
+        return str(ipaddress.ip_address(host.strip("[]")))
+    except ValueError:
+        return None
 
 
 def domain_problem(domain: str) -> str | None:
@@ -55,11 +71,6 @@ def domain_problem(domain: str) -> str | None:
     normalized = normalize_domain(domain)
     if not normalized:
         return "is empty"
-    if _LABELS.fullmatch(normalized):
+    if _LABELS.fullmatch(normalized) or ip_literal(normalized):
         return None
-    try:
-        ipaddress.ip_address(normalized.strip("[]"))
-        return None
-    except ValueError:
-        pass
     return "is not a host name (write it without scheme, port or path, for example acme.com)"

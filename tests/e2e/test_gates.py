@@ -62,6 +62,25 @@ async def test_domain_rules(nursery: trio.Nursery, tmp_path: Path) -> None:
     assert {row["siteId"] for row in stored} == {"web"}
 
 
+async def test_an_ip_address_domain_matches_itself_only(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # The suffix list gave "10.0.0.1" the root "0.1", so 192.168.0.1 and 8.8.0.1
+    # passed the gate; a bracketed IPv6 domain was accepted but never matched.
+    lan, v6 = "cs_live_lan000000000", "cs_live_ipv600000000"
+    tenants = {"keys": [
+        {"key": lan, "clientId": "lan", "sites": [{"siteId": "lan", "domains": ["10.0.0.1"]}]},
+        {"key": v6, "clientId": "lan", "sites": [{"siteId": "v6", "domains": ["[2001:DB8:0::1]"]}]},
+    ]}
+    server = await start_server(nursery, tmp_path, tenants)
+    cases = [
+        (lan, "http://10.0.0.1:8080", 202), (lan, "http://192.168.0.1", 403), (lan, "http://8.8.0.1", 403),
+        (lan, "http://x.0.1", 403), (v6, "http://[2001:db8::1]", 202), (v6, "http://[2001:db8::2]", 403),
+    ]
+    for index, (key, origin, status) in enumerate(cases):
+        response = await post(server, key, f"ip{index}", Origin=origin)
+        assert response.status_code == status, (origin, response.text)
+    assert {row["siteId"] for row in await outbox_dump(server.data_dir)} == {"lan", "v6"}
+
+
 async def test_mobile_keys_skip_the_gate(nursery: trio.Nursery, tmp_path: Path) -> None:
     server = await start_server(nursery, tmp_path, TENANTS)
     event = pageview("m", page={"path": "Home", "title": "Home"}, device={})
