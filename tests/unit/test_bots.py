@@ -144,6 +144,24 @@ def test_pattern_replacements(classifier: BotClassifier, user_agent: str, catego
     assert web(classifier, user_agent).category == category
 
 
+@pytest.mark.parametrize("user_agent", [
+    "Java-http-client/17.0.2",
+    "Dalvik/2.1.0 (Linux; U; Android 13; Pixel 7 Build/TQ3A.230805.001)",
+    "MyApp/1.0 CFNetwork/1410.0.3 Darwin/22.6.0",
+    "PycURL/7.45.2 libcurl/8.4.0 OpenSSL/3.0.11 zlib/1.2.13",
+    "http.rb/5.1.1",
+    "fasthttp",
+    "Ktor client",
+    "Apache-HttpAsyncClient/5.1.3 (Java/17.0.2)",
+    "Python-httplib2/0.22.0 (gzip)",
+    "rest-client/2.1.0 (linux x86_64) ruby/3.2.2p53",
+])
+def test_library_defaults_under_a_website_key_are_tools(classifier: BotClassifier, user_agent: str) -> None:
+    # Spec 5.5 rule 7: a library user agent under a website key forces bot
+    # classification; these defaults were judged human.
+    assert web(classifier, user_agent).category == "tool"
+
+
 def test_every_package_instance_is_a_bot_but_the_dropped_ones() -> None:
     raw = resources.files("crawleruseragents").joinpath("crawler-user-agents.json").read_bytes()
     classifier = BotClassifier()

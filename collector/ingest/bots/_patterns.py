@@ -86,7 +86,16 @@ EXTRA_PATTERNS: tuple[tuple[str, str], ...] = (
     ("^reqwest", TOOL),
     ("^Faraday v", TOOL),
     ("^Ruby$", TOOL),
-    ("^libcurl", TOOL),
+    ("libcurl/", TOOL),  # also PycURL's "PycURL/7.45.2 libcurl/8.4.0 ..."
+    ("^Java-http-client/", TOOL),  # the JDK's java.net.http client
+    ("^Dalvik/", TOOL),  # Android's HttpURLConnection (a WebView says Mozilla/5.0)
+    (" CFNetwork/", TOOL),  # an iOS app's URLSession: "MyApp/1.0 CFNetwork/1410 Darwin/22.6.0"
+    ("^Apache-HttpAsyncClient/", TOOL),
+    ("^http\\.rb/", TOOL),
+    ("^fasthttp", TOOL),
+    ("^Ktor client", TOOL),
+    ("^Python-httplib2/", TOOL),
+    ("^rest-client/", TOOL),
     ("^WinHttp", TOOL),
     ("PowerShell/", TOOL),
     ("^python-urllib3/", TOOL),
