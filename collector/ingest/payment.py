@@ -16,13 +16,22 @@ pipeline's common path only those the key probe leaves to the caller
 (`keyprobe.py`). Only when one of these fires is the decoded body walked to
 confirm (a JSON number is not payment material). A body whose \\u escapes
 could hide digits, spaces or dashes from the raw scan is always walked.
+
+An object may repeat a key, and the decoders keep only its last value, so
+material in an earlier one would pass unseen (and an earlier `{"cvv": ...}`
+map would hide its key). The keys and the confirming walk therefore come
+from a parse that keeps every member (`decode_members`), whenever a body is
+walked at all.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Iterator
 from typing import Any
+
+import msgspec
 
 # (prefix low, prefix high, lengths): prefixes compared on the leading digits.
 _IIN_TABLE: tuple[tuple[int, int, frozenset[int]], ...] = (
@@ -151,23 +160,44 @@ def _is_card_key(name: str) -> bool:
     return verdict
 
 
+class Members(list):  # type: ignore[type-arg]
+    """A JSON object as all its (key, value) members, a repeated key kept every time."""
+
+
+def decode_members(raw: bytes) -> Any | None:
+    """The body with objects as Members; None when this parser refuses what msgspec took (deep nesting)."""
+    try:
+        return json.loads(raw, object_pairs_hook=Members)
+    except (ValueError, RecursionError):
+        return None
+
+
 def _object_keys(value: Any) -> set[str]:
-    """Every distinct object key at any depth of a decoded JSON value."""
+    """Every distinct object key at any depth of a decoded JSON value (dicts or Members)."""
     keys: set[str] = set()
     stack = [value]
     pop, push = stack.pop, stack.append
     while stack:
         item = pop()
-        if type(item) is dict:
+        kind = type(item)
+        if kind is dict:
             keys.update(item)
             for element in item.values():
-                if type(element) is dict or type(element) is list:
+                if type(element) in _CONTAINERS:
                     push(element)
-        elif type(item) is list:
+        elif kind is Members:
+            for key, element in item:
+                keys.add(key)
+                if type(element) in _CONTAINERS:
+                    push(element)
+        elif kind is list:
             for element in item:
-                if type(element) is dict or type(element) is list:
+                if type(element) in _CONTAINERS:
                     push(element)
     return keys
+
+
+_CONTAINERS = frozenset({dict, list, Members})
 
 
 def text_has_card(text: str) -> bool:
@@ -250,7 +280,9 @@ def _walk(value: Any) -> Iterator[tuple[str | None, Any]]:
     while stack:
         key, item = stack.pop()
         yield key, item
-        if isinstance(item, dict):
+        if isinstance(item, Members):
+            stack.extend(item)
+        elif isinstance(item, dict):
             stack.extend(item.items())
         elif isinstance(item, list):
             stack.extend((None, element) for element in item)
@@ -262,10 +294,20 @@ def _has_value(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def find_payment_data(raw: bytes, decoded: Any) -> str | None:
-    """What payment material the request carries, or None. `decoded` is the parsed body."""
+def find_payment_data(raw: bytes, decoded: Any = None) -> str | None:
+    """What payment material the request carries, or None. `raw` must be valid JSON.
+
+    The walk covers every member of the body (see decode_members); the body
+    as msgspec decodes it (`decoded`, or decoded here) stands in only where
+    that parser gives up.
+    """
+    members = decode_members(raw)
+    if members is not None:
+        walked = members
+    else:
+        walked = decoded if decoded is not None else msgspec.json.decode(raw)
     return confirm_payment_data(
-        decoded, card_candidate=has_card_candidate(raw), key_candidate=has_card_key(_object_keys(decoded))
+        walked, card_candidate=has_card_candidate(raw), key_candidate=has_card_key(_object_keys(walked))
     )
 
 
@@ -277,11 +319,6 @@ def has_card_candidate(raw: bytes) -> bool:
 def has_card_key(keys: Iterable[str]) -> bool:
     """True when one of `keys` names a card field."""
     return any(_is_card_key(key) for key in keys)
-
-
-def object_keys(values: Iterable[Any]) -> set[str]:
-    """Every distinct object key at any depth of some decoded JSON values."""
-    return _object_keys(list(values))
 
 
 def confirm_payment_data(decoded: Any, *, card_candidate: bool, key_candidate: bool) -> str | None:

@@ -34,13 +34,7 @@ from collector.ingest.model import (
     PreparedBatch,
     RejectedEvent,
 )
-from collector.ingest.payment import (
-    confirm_payment_data,
-    find_payment_data,
-    has_card_candidate,
-    has_card_key,
-    object_keys,
-)
+from collector.ingest.payment import find_payment_data, has_card_candidate
 from collector.ingest.privacy import apply_form_floor
 from collector.ingest.schema import (
     AnyEvent,
@@ -223,15 +217,16 @@ def _decode_typed(body: bytes) -> tuple[list[AnyEvent | EventIssue], bool] | Non
 
 
 def _refuse_known_payment_data(body: bytes, events: list[AnyEvent | EventIssue]) -> None:
-    """refuse_payment_data for a body the key probe vouched for (see prepare_batch)."""
-    card_candidate = has_card_candidate(body)
-    key_candidate = has_card_key(object_keys(opaque_values(events)))  # type: ignore[arg-type]
-    if card_candidate or key_candidate:
-        _refuse(
-            confirm_payment_data(
-                decode_json(body), card_candidate=card_candidate, key_candidate=key_candidate
-            )
-        )
+    """refuse_payment_data for a body the key probe vouched for (see prepare_batch).
+
+    The probe looked at every member of every object, a repeated key's
+    included, except inside values typed Any (identify's `identity`): those
+    were decoded keeping only a repeated key's last value, so a body that
+    carries any is walked in full.
+    """
+    opaque = list(opaque_values(events))  # type: ignore[arg-type]
+    if opaque or has_card_candidate(body):
+        _refuse(find_payment_data(body))
 
 
 def _refuse(payment: str | None) -> None:

@@ -219,6 +219,35 @@ async def test_payment_data_refuses_the_whole_request(server: RunningServer) -> 
     assert await outbox_dump(server.data_dir) == []
 
 
+async def test_payment_data_behind_a_repeated_key_refuses_the_request(server: RunningServer) -> None:
+    # The decoders keep a repeated key's last value; a card (or card field) in
+    # an earlier one was accepted with 202 (found by audit helper-30).
+    def body(eid: str, members: str, kind: str = "custom", extra: str = '"name":"x"') -> bytes:
+        event = json.dumps(pageview(eid, type=kind))[:-1]
+        return f'{event},{extra},{members}}}'.encode()
+
+    hidden = [
+        body("d1", '"label":"4111111111111111","label":"ok"'),
+        body("d2", '"label":"ok","cvv":"123","cvv":""'),
+        body("d3", '"label":"4111 1111 1111 1111","label":"x"'),
+        body("d4", '"values":{"cvv":"123"},"values":{"name":"x"}', "form",
+             '"action":"submit","formId":"f","fieldCount":1'),
+        body("d5", '"identity":{"cvv":"123"},"identity":{"crm":"c-1"}', "identify", f'"hem":"{"a" * 64}"'),
+        body("d6", '"identity":{"note":"4111111111111111","note":"x"}', "identify", f'"hem":"{"a" * 64}"'),
+    ]
+    for raw in hidden:
+        response = await post(server, None, raw=raw)
+        assert (response.status_code, response.json()["error"]) == (400, "prohibited_payment_data"), raw
+        batch = b'{"events":[' + raw + b"]}"
+        response = await post(server, None, raw=batch)
+        assert (response.status_code, response.json()["error"]) == (400, "prohibited_payment_data"), batch
+    assert await outbox_dump(server.data_dir) == []
+    # A repeated key without payment material is still an ordinary event (the last value wins).
+    fine = await post(server, None, raw=body("d7", '"label":"a","label":"b"'))
+    assert fine.status_code == 202 and fine.json()["accepted"] == 1, fine.text
+    assert (await outbox_dump(server.data_dir))[0]["event"]["label"] == "b"
+
+
 async def test_card_numbers_in_the_shapes_forms_and_urls_give_them(server: RunningServer) -> None:
     for index, text in enumerate(("pan-4111111111111111", "card_4111111111111111", "4111111111111111_x",
                                   "https://acme.com/pay?cc=4111+1111+1111+1111", "?cc=4111%201111%201111%201111",
