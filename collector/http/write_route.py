@@ -152,10 +152,12 @@ def make_write_handler(
         seen = Seen()
         error_code: str | None = None
         body = BodyTracker(receive)
+        gating_preflight = False
         try:
             if route_check is not None:
-                route_check(request)
+                route_check(request)  # a path of another route: 404/426 with CORS, preflight or not
             if request.method == "OPTIONS":
+                gating_preflight = True
                 preflight_gate(services, request)
                 await send_response(
                     send, 204, b"", [("X-Request-ID", request.request_id), *preflight_headers(origin)]
@@ -171,7 +173,7 @@ def make_write_handler(
             status, answer = await work(services, request, body.receive, headers, seen)
         except ServiceError as error:
             status, answer, error_code = error.status, render_error(error), error.code
-            if request.method == "OPTIONS":  # a refused preflight allows nothing cross-origin
+            if gating_preflight:  # a refused preflight allows nothing cross-origin
                 headers = [("X-Request-ID", request.request_id)]
             elif error.key_record is not None:
                 headers.extend(peek_rate_headers(services, error.key_record, route))

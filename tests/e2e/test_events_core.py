@@ -439,6 +439,16 @@ async def test_unknown_routes_and_methods_use_the_error_format(server: RunningSe
         assert response.headers["X-Request-ID"] and response.headers["Upgrade"] == "websocket"
 
 
+async def test_a_preflight_to_another_routes_path_carries_cors(server: RunningServer) -> None:
+    # The signals route answers paths of other routes (404, 426); a preflight
+    # to them lost its CORS headers as if its gate had refused it.
+    preflight = {"Origin": "https://acme.com", "Access-Control-Request-Method": "GET"}
+    for path, status in (("/v1/signals/v1/stream", 426), ("/v1/signals/a/b", 404)):
+        response = await server.client.options(path, headers=preflight)
+        assert response.status_code == status, response.text
+        assert response.headers["Access-Control-Allow-Origin"] == "https://acme.com", path
+
+
 async def test_operational_routes_answer_like_the_others(server: RunningServer) -> None:
     for path in ("/healthz", "/readyz", "/metrics"):
         response = await server.client.get(path, headers={"X-Request-ID": "ops-1"})
