@@ -51,6 +51,7 @@ def import_tenants(storage: Storage, data: bytes) -> list[KeyRecord]:
     def update(stored: dict[str, bytes]) -> dict[str, bytes]:
         merged = {key: decode_record(raw) for key, raw in stored.items()}
         touched = {merged[r.key].billing_account for r in records if r.key in merged}
+        changed = {record.key for record in records}
         for record in records:
             old = merged.get(record.key)
             if old is not None and old.revokedAt:
@@ -59,13 +60,34 @@ def import_tenants(storage: Storage, data: bytes) -> list[KeyRecord]:
                 )
             merged[record.key] = record
             touched.add(record.billing_account)
-        changed = {record.key for record in records}
+            changed |= _follow_rotation(merged, record, named=changed)
         for account in touched:
             changed |= _apply_account_terms(merged, account, [r for r in records if r.billing_account == account])
         return {key: encode_record(merged[key]) for key in changed}
 
     key_store.update_keys(storage, update)
     return records
+
+
+def _follow_rotation(merged: dict[str, KeyRecord], record: KeyRecord, *, named: set[str]) -> set[str]:
+    """Give the keys that replaced `record` by rotation its settings from the file; those keys.
+
+    A rotated key's file entry still describes the key the operator means:
+    its replacement (`keys rotate` mints a random one the file cannot name)
+    must follow a change of permissions, rate limit, sites or suspension,
+    keeping its own identity and lifecycle. Keys the file names are its own.
+    """
+    followed: set[str] = set()
+    successor = record.replacedBy
+    while successor and successor in merged and successor not in named and successor not in followed:
+        current = merged[successor]
+        merged[successor] = msgspec.structs.replace(
+            record, key=successor, createdAt=current.createdAt, revokedAt=current.revokedAt,
+            replacedBy=current.replacedBy,
+        )
+        followed.add(successor)
+        successor = current.replacedBy
+    return followed
 
 
 def _apply_account_terms(merged: dict[str, KeyRecord], account: str, named: list[KeyRecord]) -> set[str]:
@@ -79,6 +101,7 @@ def _apply_account_terms(merged: dict[str, KeyRecord], account: str, named: list
     if not named and settled is not None:  # a key moved away: the account keeps its terms
         contract, overage = settled.accountContract, settled.accountOverage
         plan = settled.accountPlan or _any_paid(live)  # (imported before the account had a plan)
+        suspended = settled.accountSuspended
     else:
         deciding = named or live
         contracts = {_json.encode(r.contract): r for r in deciding if r.contract is not None}
@@ -91,12 +114,18 @@ def _apply_account_terms(merged: dict[str, KeyRecord], account: str, named: list
         contract = next(iter(contracts.values())).contract if contracts else None
         overage = any(r.overage for r in deciding)
         plan = _any_paid(deciding)
-    terms = (contract, overage, True, plan)
+        suspended = any(r.suspended for r in deciding)
+    terms = (contract, overage, True, plan, suspended)
     changed = set()
     for record in members:
-        if (record.accountContract, record.accountOverage, record.accountTerms, record.accountPlan) != terms:
+        current = (
+            record.accountContract, record.accountOverage, record.accountTerms, record.accountPlan,
+            record.accountSuspended,
+        )
+        if current != terms:
             merged[record.key] = msgspec.structs.replace(
-                record, accountContract=contract, accountOverage=overage, accountTerms=True, accountPlan=plan
+                record, accountContract=contract, accountOverage=overage, accountTerms=True, accountPlan=plan,
+                accountSuspended=suspended,
             )
             changed.add(record.key)
     return changed
@@ -147,7 +176,7 @@ def mint_stream_token(storage: Storage, key: str, *, ttl_s: int) -> str:
     record = _load(storage, key)
     if record.revokedAt:
         raise KeyAdminError("the key is revoked")
-    if record.suspended:
+    if record.is_suspended:
         raise KeyAdminError("the account is suspended")
     return stream_tokens.mint(
         stream_token_secret(storage), client_id=record.clientId, api_key=record.key, now_s=int(time.time()),

@@ -92,7 +92,7 @@ def admit_reader(
             "missing_api_key", "a server key is accepted only in the X-API-Key header, never in the URL"
         )
     with _refusing(record):
-        if record.suspended:
+        if record.is_suspended:
             raise ServiceError("account_suspended", "this account is suspended")
         site = bind_site(record, gate(record, origin, referer))
     return Caller(record, site, from_header)
@@ -144,6 +144,6 @@ def _check_key(
                 "server-key event writes need X-API-Key, X-CS-Timestamp and X-CS-Signature",
                 headers={"WWW-Authenticate": WWW_AUTHENTICATE},
             )
-    if record.suspended:
+    if record.is_suspended:
         raise ServiceError("account_suspended", "this account is suspended")
     require_scope(record, scope, error_code="insufficient_permission")

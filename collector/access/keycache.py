@@ -87,14 +87,18 @@ class KeyCache:
             ) from None
 
     def _refresh_suspension(self, key: str, cached: KeyRecord) -> KeyRecord:
-        """The cached record with the stored `suspended` flag (the rest waits for the full ttl)."""
+        """The cached record with the stored suspension flags (the rest waits for the full ttl)."""
         try:
             stored = self._read(key)
         except ServiceError:
             return cached  # keep serving what is known; the next re-read may succeed
-        if stored is None or stored.suspended == cached.suspended:
+        if stored is None or (stored.suspended, stored.accountSuspended) == (
+            cached.suspended, cached.accountSuspended
+        ):
             return cached
-        return msgspec.structs.replace(cached, suspended=stored.suspended)
+        return msgspec.structs.replace(
+            cached, suspended=stored.suspended, accountSuspended=stored.accountSuspended
+        )
 
     def statistics(self) -> KeyCacheStatistics:
         return KeyCacheStatistics(

@@ -65,10 +65,16 @@ class KeyRecord(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     accountOverage: bool = False
     accountTerms: bool = False  # the two above are set (records imported before them have neither)
     accountPlan: Plan | None = None  # the account's plan (paid when any of its keys is); None: older import
+    accountSuspended: bool = False  # one of the account's keys in the file says `suspended`
 
     @property
     def key_type(self) -> KeyType:
         return self.keyType or KeyType.BROWSER
+
+    @property
+    def is_suspended(self) -> bool:
+        """The key's account is suspended (operator contract: `suspended` suspends the account)."""
+        return self.suspended or self.accountSuspended
 
     @property
     def normalized_plan(self) -> Plan:

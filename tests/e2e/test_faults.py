@@ -6,7 +6,7 @@ from pathlib import Path
 
 import trio
 
-from tests.conftest import BROWSER_KEY, MOBILE_KEY, pageview, start_server
+from tests.conftest import BROWSER_KEY, MOBILE_KEY, TENANTS, pageview, start_server, write_tenants
 from tests.helpers import outbox_dump, run_cli
 
 H = {"X-API-Key": BROWSER_KEY, "Origin": "https://acme.com"}
@@ -68,6 +68,22 @@ async def test_revocation_reaches_the_server_through_its_cache(nursery: trio.Nur
     assert old.status_code == 401 and old.json()["error"] == "invalid_api_key"
     fresh = await server.client.post("/v1/events", json=event, headers={"X-API-Key": new_key})
     assert fresh.status_code == 202 and fresh.json()["duplicates"] == 1
+
+
+async def test_suspending_a_rotated_key_reaches_its_replacement(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # The file names the old key; its replacement (random, unnamed) kept serving
+    # after the file suspended the account (found by audit helper-29).
+    server = await start_server(nursery, tmp_path, key_cache_ttl=0, key_negative_ttl=0)
+    event = pageview("s1", page={"path": "Home", "title": "Home"}, device={})
+    new_key = run_cli("keys", "rotate", MOBILE_KEY, data_dir=server.data_dir).stdout.strip()
+    assert (await server.client.post("/v1/events", json=event, headers={"X-API-Key": new_key})).status_code == 202
+    keys = [{**record, "suspended": True} if record["key"] == MOBILE_KEY else record
+            for record in TENANTS["keys"]]  # type: ignore[attr-defined]
+    suspended = write_tenants(tmp_path / "suspended.json", {"keys": keys})
+    run_cli("tenants", "import", str(suspended), data_dir=server.data_dir)
+    for key, headers in ((new_key, {}), (BROWSER_KEY, {"Origin": "https://acme.com"})):  # the whole account
+        refused = await server.client.post("/v1/events", json=pageview("s2"), headers={"X-API-Key": key, **headers})
+        assert (refused.status_code, refused.json()["error"]) == (403, "account_suspended"), key
 
 
 async def test_metrics_show_group_commit_and_meters(nursery: trio.Nursery, tmp_path: Path) -> None:

@@ -36,6 +36,31 @@ def test_a_rotated_key_follows_the_file_when_overage_and_the_contract_are_turned
         storage.close()
 
 
+def test_a_rotated_key_follows_its_entry_and_suspension_covers_the_account(tmp_path: Path) -> None:
+    # The replacement of a rotated key kept the old permissions, rate limit and
+    # suspension; `suspended` suspends the account (operator contract), not only the key named.
+    mobile = {"key": "cs_mob_live_terms000", "clientId": "acme", "keyType": "mobile", "rateLimit": 50,
+              "sites": [{"siteId": "app"}]}
+    storage = Storage(tmp_path)
+    try:
+        _import(storage, SERVER, mobile)
+        replacement = rotate_key(storage, SERVER["key"])  # type: ignore[arg-type]
+        _import(storage, {**SERVER, "rateLimit": 7, "permissions": ["events:write"]}, mobile)
+        records = {r.key: r for r in list_records(storage)}
+        new = records[replacement]
+        assert (new.rateLimit, new.permissions, new.revokedAt, new.replacedBy) == (7, ["events:write"], None, None)
+        assert records[SERVER["key"]].revokedAt and records[SERVER["key"]].replacedBy == replacement
+        assert not any(r.is_suspended for r in records.values())
+        _import(storage, {**SERVER, "suspended": True}, mobile)
+        records = {r.key: r for r in list_records(storage)}
+        assert records[replacement].is_suspended and records[mobile["key"]].is_suspended  # type: ignore[index]
+        assert not records[mobile["key"]].suspended  # type: ignore[index]
+        _import(storage, SERVER, mobile)  # lifted
+        assert not any(r.is_suspended for r in list_records(storage))
+    finally:
+        storage.close()
+
+
 def test_records_from_before_account_terms_keep_their_own(tmp_path: Path) -> None:
     storage = Storage(tmp_path)
     try:
