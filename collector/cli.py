@@ -504,6 +504,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 
+def one_line(message: str) -> str:
+    """A message as one line (operator contract): line breaks a file put in a name are shown escaped."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -526,10 +531,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         UsageError, SettingsError, TenantsFileError, KeyAdminError, FormatError, BackupError, KeyFileError,
         RevealError,
     ) as exc:
-        print(f"collector: {exc}", file=sys.stderr)
+        print(f"collector: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except StorageError as exc:
-        print(f"collector: storage error: {exc}", file=sys.stderr)
+        print(f"collector: storage error: {one_line(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 0

@@ -7,6 +7,7 @@ JSON). Stored Structs evolve only by appending fields with defaults.
 from __future__ import annotations
 
 import enum
+import re
 from typing import Annotated
 
 import msgspec
@@ -109,6 +110,9 @@ _record_decoder = msgspec.json.Decoder(KeyRecord)
 _encoder = msgspec.json.Encoder()
 
 
+_KEY_TEXT = re.compile("[!-~]+")
+
+
 def parse_tenants_file(data: bytes) -> list[KeyRecord]:
     """Parse and validate a whole tenants file; raises TenantsFileError naming the problem."""
     try:
@@ -123,6 +127,11 @@ def parse_tenants_file(data: bytes) -> list[KeyRecord]:
     for index, record in enumerate(parsed.keys):
         if record.key in seen:
             raise TenantsFileError(f"invalid tenants file: duplicate key at $.keys[{index}]")
+        if not _KEY_TEXT.fullmatch(record.key):
+            # A key travels in a header, and an LMDB key holds at most 511 bytes.
+            raise TenantsFileError(
+                f"invalid tenants file: a key is printable ASCII without spaces - at $.keys[{index}].key"
+            )
         seen.add(record.key)
         for site_index, site in enumerate(record.sites):
             for domain_index, domain in enumerate(site.domains):

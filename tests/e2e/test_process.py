@@ -130,6 +130,16 @@ def test_cli_tenants_import_list_and_errors(tmp_path: Path) -> None:
     assert "'https://n.com' is not a host name" in result.stderr and "$.keys[0].sites[0].domains[0]" in result.stderr
     listed_after = run_cli("tenants", "list", data_dir=data_dir).stdout
     assert "cs_live_new0000000" not in listed_after
+    # A key LMDB cannot hold (200 emoji are 800 bytes) was a storage error, exit 1;
+    # a field name with line breaks made a three-line message.
+    for name, record in (("emoji.json", {"key": "cs_live_" + "\U0001F600" * 200, "clientId": "e"}),
+                         ("spaced.json", {"key": "cs_live_a b c d", "clientId": "e"}),
+                         ("newline.json", {"key": "cs_live_new0000000", "clientId": "n", "bo\ngus\r\nX": 1})):
+        path = tmp_path / name
+        path.write_text(json.dumps({"keys": [record]}))
+        result = run_cli("tenants", "import", str(path), data_dir=data_dir, check=False)
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, (name, result.stderr)
+        assert "$.keys[0]" in result.stderr, result.stderr
 
 
 def test_cli_key_rotation(tmp_path: Path) -> None:
