@@ -44,6 +44,17 @@ def utf8_header(value: str) -> str:
     return value
 
 
+def is_utf8_header(value: str) -> bool:
+    """Whether a header value (read as Latin-1) was sent as UTF-8 bytes (ASCII is)."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return False
+    return True
+
+
 def normalize_domain(domain: str) -> str:
     """A registered domain as it is matched: a leading `*.` adds nothing (spec 5.5 rule 2).
 

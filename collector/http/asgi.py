@@ -22,12 +22,24 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 JSON_CONTENT_TYPE = (b"content-type", b"application/json")
 
 
+REQUEST_ID_MAX = 200  # bytes of a client's X-Request-ID echoed (and logged)
+
+
 def request_id_for(supplied: str) -> str:
-    """The X-Request-ID of a response: the client's (up to 200 characters), else a minted one."""
-    # A minted id only needs to be unique, not secret: os.urandom releases
-    # the GIL on every call, which costs a GIL hand-off while the writer
-    # thread runs. (random is reseeded in forked workers.)
-    return supplied[:200] if supplied else f"{random.getrandbits(96):024x}"
+    """The X-Request-ID of a response: the client's (its first 200 bytes), else a minted one."""
+    if not supplied:
+        # A minted id only needs to be unique, not secret: os.urandom releases
+        # the GIL on every call, which costs a GIL hand-off while the writer
+        # thread runs. (random is reseeded in forked workers.)
+        return f"{random.getrandbits(96):024x}"
+    if len(supplied) <= REQUEST_ID_MAX:
+        return supplied
+    # The header was read as Latin-1, one character a byte: cut before a UTF-8
+    # character that the limit would split (continuation bytes are 0x80-0xBF).
+    end = REQUEST_ID_MAX
+    while end > 0 and "\x80" <= supplied[end] <= "\xbf":
+        end -= 1
+    return supplied[:end]
 
 
 class Request:

@@ -13,7 +13,7 @@ import msgspec
 
 from collector.access.domains import bind_page_site, forwarded_site
 from collector.access.gate import admit_key, admit_writer
-from collector.access.hostnames import utf8_header
+from collector.access.hostnames import is_utf8_header, utf8_header
 from collector.access.signature import verify_server_signature
 from collector.access.tenants import KeyType, Site
 from collector.errors import ServiceError
@@ -121,6 +121,10 @@ async def _ingest(
     spend_request_token(services, record, site, ingest_scope(record), headers)
     raw = await read_capped_body(request, receive)
     now_ms = services.now_ms()
+    if raw_idempotency_key is not None and not is_utf8_header(raw_idempotency_key):
+        # As text it would read as Latin-1: the same id as a UTF-8 key of other
+        # bytes, and not the bytes a signature covers (spec 5.2: exact bytes).
+        raise ServiceError("invalid_idempotency_key", "Idempotency-Key must be UTF-8 text")
     if key_type is KeyType.SERVER:
         verify_server_signature(
             api_key=record.key,

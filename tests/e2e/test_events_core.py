@@ -449,6 +449,15 @@ async def test_a_preflight_to_another_routes_path_carries_cors(server: RunningSe
         assert response.headers["Access-Control-Allow-Origin"] == "https://acme.com", path
 
 
+async def test_a_long_request_id_is_cut_to_200_bytes_on_a_character_boundary(server: RunningServer) -> None:
+    long_ascii = await server.client.get("/healthz", headers={"X-Request-ID": "r" * 250})
+    assert long_ascii.headers["X-Request-ID"] == "r" * 200
+    sent = ("a" + "\u00e4" * 150).encode()  # 301 bytes; byte 200 falls inside an "ä"
+    response = await server.client.get("/healthz", headers={"X-Request-ID": sent})  # type: ignore[dict-item]
+    [echoed] = [value for name, value in response.headers.raw if name.lower() == b"x-request-id"]
+    assert echoed == sent[:199] and echoed.decode() == "a" + "\u00e4" * 99
+
+
 async def test_operational_routes_answer_like_the_others(server: RunningServer) -> None:
     for path in ("/healthz", "/readyz", "/metrics"):
         response = await server.client.get(path, headers={"X-Request-ID": "ops-1"})
