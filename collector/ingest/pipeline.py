@@ -10,6 +10,7 @@ No I/O, no clock: time comes from the context.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -34,7 +35,15 @@ from collector.ingest.model import (
     PreparedBatch,
     RejectedEvent,
 )
-from collector.ingest.payment import find_payment_data, has_card_candidate
+from collector.ingest.payment import (
+    UnscannableBody,
+    find_payment_data,
+    has_card_candidate,
+    has_card_key,
+    may_hide_card_key,
+    object_keys,
+    scan_payment_data,
+)
 from collector.ingest.privacy import apply_form_floor
 from collector.ingest.schema import (
     AnyEvent,
@@ -220,16 +229,20 @@ def _refuse_known_payment_data(body: bytes, events: list[AnyEvent | EventIssue])
     """refuse_payment_data for a body the key probe vouched for (see prepare_batch).
 
     The probe looked at every member of every object, a repeated key's
-    included, except inside values typed Any (identify's `identity`): those
-    were decoded keeping only a repeated key's last value, so a body that
-    carries any is walked in full.
+    included, except inside values typed Any (identify's `identity`): their
+    keys are flagged from their decoded form and, for what a repeated key
+    may hide, from the raw body.
     """
     opaque = list(opaque_values(events))  # type: ignore[arg-type]
-    if opaque or has_card_candidate(body):
-        _refuse(find_payment_data(body))
+    key_candidate = bool(opaque) and (has_card_key(object_keys(opaque)) or may_hide_card_key(body))
+    _refuse(lambda: scan_payment_data(body, card_candidate=has_card_candidate(body), key_candidate=key_candidate))
 
 
-def _refuse(payment: str | None) -> None:
+def _refuse(scan: Callable[[], str | None]) -> None:
+    try:
+        payment = scan()
+    except UnscannableBody as exc:
+        raise ServiceError("invalid_json", str(exc)) from None
     if payment is not None:
         raise ServiceError(
             "prohibited_payment_data",
@@ -241,7 +254,7 @@ def refuse_payment_data(body: bytes, decoded: object | None = None) -> None:
     """Raise prohibited_payment_data when the request carries payment material anywhere."""
     if decoded is None:
         decoded = decode_json(body)
-    _refuse(find_payment_data(body, decoded))
+    _refuse(lambda: find_payment_data(body, decoded))
 
 
 def readable_client_time(timestamp: int | float | None) -> int | float | None:

@@ -242,6 +242,15 @@ async def test_payment_data_behind_a_repeated_key_refuses_the_request(server: Ru
         response = await post(server, None, raw=batch)
         assert (response.status_code, response.json()["error"]) == (400, "prohibited_payment_data"), batch
     assert await outbox_dump(server.data_dir) == []
+    # Nested near the member-keeping parser's limit: refused, never scanned on the
+    # decoded body alone (which keeps only the last "note"): 202 in a band of depths
+    # (974-979 in a served process; lower here, where the server runs in pytest).
+    for depth in range(850, 1000):
+        deep = body(f"deep{depth}", '"note":"4111 1111 1111 1111","note":"x"',
+                    extra='"name":"x","nest":' + "[" * depth + "]" * depth)
+        response = await post(server, None, raw=deep)
+        assert response.status_code == 400, (depth, response.text)
+        assert response.json()["error"] in ("invalid_json", "prohibited_payment_data"), response.text
     # A repeated key without payment material is still an ordinary event (the last value wins).
     fine = await post(server, None, raw=body("d7", '"label":"a","label":"b"'))
     assert fine.status_code == 202 and fine.json()["accepted"] == 1, fine.text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 from unittest.mock import patch
 
@@ -15,10 +16,12 @@ from collector.errors import ServiceError
 from collector.ingest import keyprobe, pipeline
 from collector.ingest.model import IngestContext
 from collector.ingest.payment import (
+    CARD_FIELD_NAMES,
     _has_value,
     _walk,
     find_payment_data,
     is_card_field_name,
+    may_hide_card_key,
     text_has_card,
 )
 from collector.ingest.pipeline import prepare_batch
@@ -243,3 +246,19 @@ def test_a_url_encoded_space_before_a_long_card_does_not_hide_it() -> None:
         assert text_has_card(text), text
         for raw in encodings({"n": text}):
             assert find_payment_data(raw, msgspec.json.decode(raw)) is not None, raw
+
+
+def test_the_raw_card_name_scan_flags_every_spelling_the_walk_would_find() -> None:
+    # A repeated key hides an earlier member from the decoded body: the raw scan
+    # must flag every string is_card_field_name would call a card field name.
+    rng = random.Random(7)
+    separators = [" ", "_", "-", ".", "\u00a0", "\u2003", "\t", "\n", "\x1c", "\x0b", "\u3000"]
+    for name in sorted(CARD_FIELD_NAMES):
+        for _ in range(50):
+            spelled = "".join(c.upper() if rng.random() < 0.5 else c for c in name)
+            spelled = "".join(c + (rng.choice(separators) if rng.random() < 0.3 else "") for c in spelled)
+            assert is_card_field_name(spelled), repr(spelled)
+            raw = json.dumps({"values": {spelled: "1"}}, ensure_ascii=rng.random() < 0.5).encode()
+            assert may_hide_card_key(raw), raw
+    for harmless in (b'{"span": "company", "cidade": "Japan"}', b'{"note": "caf\\u00e9 a\\nb"}'):
+        assert not may_hide_card_key(harmless), harmless
