@@ -114,7 +114,9 @@ def _apply_account_terms(merged: dict[str, KeyRecord], account: str, named: list
         contract = next(iter(contracts.values())).contract if contracts else None
         overage = any(r.overage for r in deciding)
         plan = _any_paid(deciding)
-        suspended = any(r.suspended for r in deciding)
+        # Unlike the terms above, any stored live key of the account keeps it
+        # suspended: an import naming only some of its keys lifts nothing.
+        suspended = any(r.suspended for r in deciding) or any(r.suspended for r in live)
     terms = (contract, overage, True, plan, suspended)
     changed = set()
     for record in members:

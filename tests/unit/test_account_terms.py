@@ -55,6 +55,9 @@ def test_a_rotated_key_follows_its_entry_and_suspension_covers_the_account(tmp_p
         records = {r.key: r for r in list_records(storage)}
         assert records[replacement].is_suspended and records[mobile["key"]].is_suspended  # type: ignore[index]
         assert not records[mobile["key"]].suspended  # type: ignore[index]
+        # A file naming only another key of the account lifts nothing (review of eff9ca0).
+        _import(storage, {**mobile, "rateLimit": 40})
+        assert all(r.is_suspended for r in list_records(storage) if not r.revokedAt)
         _import(storage, SERVER, mobile)  # lifted
         assert not any(r.is_suspended for r in list_records(storage))
     finally:
