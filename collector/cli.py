@@ -135,7 +135,7 @@ def cmd_tenants_import(args: argparse.Namespace) -> int:
     with _storage(args, create=True) as storage:
         records = import_tenants(storage, data)
         for record in records:
-            print(f"imported {record.key} clientId={record.clientId} keyType={record.key_type}")
+            print(one_line(f"imported {record.key} clientId={record.clientId} keyType={record.key_type}"))
         touched = {record.billing_account for record in records}
         stored = [r for r in list_records(storage) if r.billing_account in touched and not r.revokedAt]
     for account in _idle_pageview_ceilings(stored):

@@ -18,12 +18,20 @@ _SIGNATURE = re.compile(r"v1=[0-9a-f]{64}")
 WWW_AUTHENTICATE = 'Service-HMAC realm="events", version=v1'
 
 
-def signed_input(timestamp: str, idempotency_key: str | None, body: bytes, path: str = "/v1/events") -> bytes:
-    key = (idempotency_key or "").strip()
-    return b"\n".join((b"v1", timestamp.encode(), b"POST", path.encode(), key.encode(), body))
+def signed_input(
+    timestamp: str, idempotency_key: str | bytes | None, body: bytes, path: str = "/v1/events"
+) -> bytes:
+    """Spec 5.2's signed bytes. A key given as bytes is the header as sent (not UTF-8 text)."""
+    if isinstance(idempotency_key, bytes):
+        key = idempotency_key.strip()
+    else:
+        key = (idempotency_key or "").strip().encode()
+    return b"\n".join((b"v1", timestamp.encode(), b"POST", path.encode(), key, body))
 
 
-def sign(api_key: str, timestamp: str, idempotency_key: str | None, body: bytes, path: str = "/v1/events") -> str:
+def sign(
+    api_key: str, timestamp: str, idempotency_key: str | bytes | None, body: bytes, path: str = "/v1/events"
+) -> str:
     mac = hmac.new(api_key.encode(), signed_input(timestamp, idempotency_key, body, path), hashlib.sha256)
     return "v1=" + mac.hexdigest()
 
@@ -33,7 +41,7 @@ def verify_server_signature(
     api_key: str | None,
     timestamp: str | None,
     signature: str | None,
-    idempotency_key: str | None,
+    idempotency_key: str | bytes | None,
     body: bytes,
     now_s: float,
     path: str = "/v1/events",

@@ -110,7 +110,7 @@ _record_decoder = msgspec.json.Decoder(KeyRecord)
 _encoder = msgspec.json.Encoder()
 
 
-_KEY_TEXT = re.compile("[!-~]+")
+_KEY_TEXT = re.compile("[!-~](?:[ -~]*[!-~])?")  # printable ASCII, not starting or ending with a space
 
 
 def parse_tenants_file(data: bytes) -> list[KeyRecord]:
@@ -130,7 +130,8 @@ def parse_tenants_file(data: bytes) -> list[KeyRecord]:
         if not _KEY_TEXT.fullmatch(record.key):
             # A key travels in a header, and an LMDB key holds at most 511 bytes.
             raise TenantsFileError(
-                f"invalid tenants file: a key is printable ASCII without spaces - at $.keys[{index}].key"
+                f"invalid tenants file: a key is printable ASCII, without a space at either end"
+                f" - at $.keys[{index}].key"
             )
         seen.add(record.key)
         for site_index, site in enumerate(record.sites):

@@ -27,19 +27,26 @@ REQUEST_ID_MAX = 200  # bytes of a client's X-Request-ID echoed (and logged)
 
 def request_id_for(supplied: str) -> str:
     """The X-Request-ID of a response: the client's (its first 200 bytes), else a minted one."""
+    if len(supplied) > REQUEST_ID_MAX:
+        supplied = supplied[: _utf8_cut(supplied, REQUEST_ID_MAX)]
     if not supplied:
         # A minted id only needs to be unique, not secret: os.urandom releases
         # the GIL on every call, which costs a GIL hand-off while the writer
         # thread runs. (random is reseeded in forked workers.)
         return f"{random.getrandbits(96):024x}"
-    if len(supplied) <= REQUEST_ID_MAX:
-        return supplied
-    # The header was read as Latin-1, one character a byte: cut before a UTF-8
-    # character that the limit would split (continuation bytes are 0x80-0xBF).
-    end = REQUEST_ID_MAX
-    while end > 0 and "\x80" <= supplied[end] <= "\xbf":
-        end -= 1
-    return supplied[:end]
+    return supplied
+
+
+def _utf8_cut(text: str, limit: int) -> int:
+    """Where to cut a header (read as Latin-1, a character a byte) at `limit` bytes without
+    splitting a UTF-8 character: before the lead byte (0xC0-0xF7) of a character that the
+    limit would split, looked for among the 3 bytes before it; else at the limit."""
+    for back in range(1, 4):
+        if limit - back < 0 or not "\x80" <= text[limit - back + 1] <= "\xbf":
+            break
+        if "\xc0" <= text[limit - back] <= "\xf7":
+            return limit - back
+    return limit
 
 
 class Request:

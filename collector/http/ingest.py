@@ -121,20 +121,24 @@ async def _ingest(
     spend_request_token(services, record, site, ingest_scope(record), headers)
     raw = await read_capped_body(request, receive)
     now_ms = services.now_ms()
-    if raw_idempotency_key is not None and not is_utf8_header(raw_idempotency_key):
-        # As text it would read as Latin-1: the same id as a UTF-8 key of other
-        # bytes, and not the bytes a signature covers (spec 5.2: exact bytes).
-        raise ServiceError("invalid_idempotency_key", "Idempotency-Key must be UTF-8 text")
+    # A key that is not UTF-8 is refused, after the signature: spec 5.2 signs its exact bytes.
+    signed_key: str | bytes | None = idempotency_key
+    utf8_key = raw_idempotency_key is None or is_utf8_header(raw_idempotency_key)
+    if raw_idempotency_key is not None and not utf8_key:
+        signed_key = raw_idempotency_key.encode("latin-1")
     if key_type is KeyType.SERVER:
         verify_server_signature(
             api_key=record.key,
             timestamp=hdr.get("x-cs-timestamp"),
             signature=hdr.get("x-cs-signature"),
-            idempotency_key=idempotency_key,
+            idempotency_key=signed_key,
             body=raw,
             now_s=now_ms / 1000,
             path=route,  # or "/v1/events", as spec 5.2 spells it
         )
+    if not utf8_key:
+        # As text it would read as Latin-1: the same id as a UTF-8 key of other bytes.
+        raise ServiceError("invalid_idempotency_key", "Idempotency-Key must be UTF-8 text")
     body = decompress_body(raw, hdr.get("content-encoding"), hdr.get("content-type"))
     content_identity: bytes | None = None
     legacy_identity: bytes | None = None

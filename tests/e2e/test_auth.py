@@ -135,12 +135,18 @@ async def test_a_non_ascii_idempotency_key_is_read_and_signed_as_sent(server: Ru
     assert response.json()["ledgerKeys"][0].endswith(f"/{key}/0")
     # The same text in Latin-1 bytes is not UTF-8: it read as this very key (a 409
     # for another body) and could not be signed as sent. Refused, on every route.
+    # Signed over its exact bytes (spec 5.2), so the signature is checked first.
     latin = key.encode("latin-1")
-    for headers in ({"X-API-Key": SERVER_KEY, "X-CS-Timestamp": ts, "X-CS-Signature": "v1=" + "0" * 64},
+    signed = sign(SERVER_KEY, ts, latin, body)
+    for headers in ({"X-API-Key": SERVER_KEY, "X-CS-Timestamp": ts, "X-CS-Signature": signed},
                     {"X-API-Key": BROWSER_KEY, "Origin": "https://acme.com"}):
         refused = await server.client.post("/v1/events", content=body, headers={
             **headers, "Idempotency-Key": latin, "Content-Type": "application/json"})  # type: ignore[dict-item]
         assert (refused.status_code, refused.json()["error"]) == (400, "invalid_idempotency_key"), refused.text
+    unsigned = await server.client.post("/v1/events", content=body, headers={
+        "X-API-Key": SERVER_KEY, "X-CS-Timestamp": ts, "X-CS-Signature": "v1=" + "0" * 64,
+        "Idempotency-Key": latin, "Content-Type": "application/json"})  # type: ignore[dict-item]
+    assert (unsigned.status_code, unsigned.json()["error"]) == (401, "invalid_server_signature"), unsigned.text
 
 
 async def test_a_far_future_timestamp_of_any_length_is_expired_not_a_crash(server: RunningServer) -> None:

@@ -465,6 +465,10 @@ async def test_a_long_request_id_is_cut_to_200_bytes_on_a_character_boundary(ser
     response = await server.client.get("/healthz", headers={"X-Request-ID": sent})  # type: ignore[dict-item]
     [echoed] = [value for name, value in response.headers.raw if name.lower() == b"x-request-id"]
     assert echoed == sent[:199] and echoed.decode() == "a" + "\u00e4" * 99
+    # Bytes that are not UTF-8 are cut at the limit, never to nothing (review of b061eaf).
+    junk = b"a" + b"\xa9" * 300
+    response = await server.client.get("/healthz", headers={"X-Request-ID": junk})  # type: ignore[dict-item]
+    assert [v for n, v in response.headers.raw if n.lower() == b"x-request-id"] == [junk[:200]]
 
 
 async def test_operational_routes_answer_like_the_others(server: RunningServer) -> None:

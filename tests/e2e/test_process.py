@@ -133,13 +133,19 @@ def test_cli_tenants_import_list_and_errors(tmp_path: Path) -> None:
     # A key LMDB cannot hold (200 emoji are 800 bytes) was a storage error, exit 1;
     # a field name with line breaks made a three-line message.
     for name, record in (("emoji.json", {"key": "cs_live_" + "\U0001F600" * 200, "clientId": "e"}),
-                         ("spaced.json", {"key": "cs_live_a b c d", "clientId": "e"}),
+                         ("spaced.json", {"key": " cs_live_abcd", "clientId": "e"}),
                          ("newline.json", {"key": "cs_live_new0000000", "clientId": "n", "bo\ngus\r\nX": 1})):
         path = tmp_path / name
         path.write_text(json.dumps({"keys": [record]}))
         result = run_cli("tenants", "import", str(path), data_dir=data_dir, check=False)
         assert result.returncode == 2 and result.stderr.count("\n") == 1, (name, result.stderr)
         assert "$.keys[0]" in result.stderr, result.stderr
+    # A space inside a key is legal in a header, and was accepted before: still is.
+    # A line break in a clientId stays inside the key's one output line.
+    inner = tmp_path / "inner.json"
+    inner.write_text(json.dumps({"keys": [{"key": "cs_live_a b c d", "clientId": "a\nb"}]}))
+    result = run_cli("tenants", "import", str(inner), data_dir=data_dir)
+    assert result.stdout.count("\n") == 1 and "clientId=a\\nb" in result.stdout, result.stdout
 
 
 def test_cli_key_rotation(tmp_path: Path) -> None:
