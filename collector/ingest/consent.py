@@ -16,7 +16,9 @@
 - A decision's time is `consent.timestamp`, else the event's timestamp; one
   more than the allowed skew ahead of the server clock (or absurd) is the time
   of receipt, so a fast client clock cannot pin the record against every later
-  decision (spec 2.2: the server overrides a skewed timestamp).
+  decision (spec 2.2: the server overrides a skewed timestamp). One more than
+  the skew behind is the time of receipt when it denies identity resolution
+  (a slow clock must not lose a denial), its own when it grants.
 Pure functions; the recorded state is looked up by the caller.
 """
 
@@ -96,11 +98,18 @@ def identity_denied(
 
 def decision_time(event: ConsentTransition, now_ms: int) -> int:
     """When the visitor decided, as the record orders decisions (see the module notes)."""
-    at = event.consent.timestamp if event.consent is not None and event.consent.timestamp is not None else None
+    consent = event.consent
+    at = consent.timestamp if consent is not None and consent.timestamp is not None else None
     if at is None:
         at = event.timestamp
     if not 0 <= at <= now_ms + SKEW_MS:  # also inf and 4,000-digit integers
         return now_ms if at > 0 else 0
+    if at < now_ms - SKEW_MS and consent is not None and consent.identityResolution is False:
+        # A slow clock or a queued decision: which, the server cannot tell. A
+        # denial is dated at receipt, so it is not lost to a grant it followed
+        # (spec 2.2 overrides the timestamp); a grant keeps its stated time,
+        # so a queued one cannot undo a newer denial.
+        return now_ms
     return int(at)
 
 

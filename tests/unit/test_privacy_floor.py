@@ -191,6 +191,12 @@ def test_a_fast_or_absurd_client_clock_is_the_time_of_receipt() -> None:
     assert at(timestamp=now + 86_400_000, consent={"analytics": True}) == now
     assert at(timestamp=now, consent={"analytics": True, "timestamp": 1e300}) == now
     assert at(timestamp=now, consent={"analytics": True, "timestamp": -5}) == 0
+    # Behind by more than the skew: a denial is dated at receipt, a grant keeps its time.
+    hour_ago = now - 3_600_000
+    assert at(timestamp=hour_ago, consent={"analytics": True, "identityResolution": False}) == now
+    assert at(timestamp=now, consent={"analytics": True, "identityResolution": False, "timestamp": hour_ago}) == now
+    assert at(timestamp=hour_ago, consent={"analytics": True, "identityResolution": True}) == hour_ago
+    assert at(timestamp=now - 60_000, consent={"analytics": True, "identityResolution": False}) == now - 60_000
 
 
 def test_sealing_binds_value_to_its_place() -> None:
