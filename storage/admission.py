@@ -39,9 +39,9 @@ class Candidate(msgspec.Struct, frozen=True):
     # What the previous version hashed the same content to, when it differs: a
     # stored record with it is this content too (a retry across the upgrade).
     legacy_hash: bytes | None = None
-    # A scroll event's (depth, timeOnPage): stored as the outbox record's last
-    # fact, only on scroll records (see storage.outbox.OutboxRecord.scroll).
-    scroll: tuple[float, float] | None = None
+    # A pageview's or scroll's page fact: stored as the outbox record's last
+    # fact, only on those records (see storage.outbox.OutboxRecord.page).
+    page: tuple[str, str, float, float] | None = None
 
 
 class Conflict(msgspec.Struct, frozen=True):
@@ -200,8 +200,8 @@ class Admission:
                     cand.bot_category,
                     cand.event_ms,
                 )
-                if cand.scroll is not None:  # other records end before it (its default)
-                    fields += (cand.scroll,)
+                if cand.page is not None:  # other records end before it (its default)
+                    fields += (cand.page,)
                 outbox_rows.append((seq.to_bytes(8, "big"), encode_record(fields)))
                 ledger_rows.append(
                     (keys[index], encode_ledger((cand.content_hash, receipt, now_ms)))

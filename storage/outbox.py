@@ -56,8 +56,9 @@ class OutboxRecord(msgspec.Struct, array_like=True, frozen=True):
     # The client's own timestamp (0: not recorded): consumers compare events
     # of one visitor by it (a skewed clock keeps its intervals).
     event_ms: int = 0
-    # A scroll event's (depth percent, timeOnPage ms); only scroll records carry it.
-    scroll: tuple[float, float] | None = None
+    # A pageview's or scroll's (sessionId, page path, depth percent, timeOnPage
+    # ms; 0, 0 for a pageview); only those records carry it.
+    page: tuple[str, str, float, float] | None = None
 
 
 class RecordFacts(OutboxRecord, array_like=True, frozen=True):

@@ -17,10 +17,11 @@ the cursor has passed them. Two ways advance it:
   the event only for records written before records carried facts (its
   `receivedAt`).
 
-Besides the verdict a record counts the visitor's events by type and its rage
+Besides the verdict a record counts the visitor's events by type, its rage
 clicks (the third and later clicks of a burst, each click within 1 s of the
-previous one by the client's own timestamps); the signals snapshot
-(`collector/signals/snapshot.py`) reads them.
+previous one by the client's own timestamps) and each recent page's deepest
+scroll and time on page (a page: a path within a session); the signals
+snapshot (`collector/signals/snapshot.py`) reads them.
 
 A visitor's bot verdict is the majority of its events' verdicts
 (`_consent_transition` events carry none and are not counted): one
@@ -46,6 +47,7 @@ from itertools import islice
 from typing import Any, NamedTuple
 
 import msgspec
+import xxhash
 
 from storage import outbox
 from storage.bounded_keys import bounded_key
@@ -73,14 +75,14 @@ class VisitorRecord(msgspec.Struct, array_like=True, frozen=True):
     last_click_ms: int = 0  # the client timestamp of the latest click (burst state)
     click_burst: int = 0  # clicks in the current burst
     # Page engagement (spec 2.3: the server derives scroll depth and time on
-    # page from the later scroll events). The current page is the one opened
-    # by the latest pageview (by client time); scrolls of an earlier page that
-    # arrive after a newer pageview are not credited to the newer one.
-    page_ms: int = 0  # the client timestamp of the current page's pageview (0: none or unknown)
-    page_depth: float = 0.0  # the deepest scroll on the current page, percent
-    page_time_ms: float = 0.0  # the longest timeOnPage a scroll on it reported
-    depth_sum: float = 0.0  # page_depth of every page the visitor has left
-    time_sum_ms: float = 0.0  # page_time_ms of every page the visitor has left
+    # page from the later scroll events of the session). A page is a page path
+    # within a session, so a scroll is credited to its own page whatever the
+    # order of arrival or the tab. The most recent pages are kept, as Page
+    # tuples; older ones are summed.
+    pages: list[tuple[int, int, int, float, float]] = []
+    pages_left: int = 0  # pages summed out of `pages`
+    depth_left: float = 0.0  # their deepest scrolls, summed
+    time_left_ms: float = 0.0  # their longest timeOnPage, summed
 
     @property
     def is_bot(self) -> bool:
@@ -104,7 +106,7 @@ class VisitorEvent(NamedTuple):
     event_type: str = "pageview"
     native: bool = False  # sent with a mobile or server key
     event_ms: int = 0  # the client's timestamp
-    scroll: tuple[float, float] | None = None  # a scroll's (depth, timeOnPage)
+    page: tuple[str, str, float, float] | None = None  # a pageview's or scroll's (session, path, depth, time)
 
 
 class _EventFacts(msgspec.Struct):
@@ -114,7 +116,10 @@ class _EventFacts(msgspec.Struct):
     timestamp: int | float = 0  # the stored time: the server's when the client's was skewed
     clientTimestamp: int | float | None = None  # the client's, kept when it was skewed
     bot: Any = None
-    depth: Any = None  # a scroll's; Any: a field of no use here must not make the event unreadable
+    # Any: a field of no use here must not make the event unreadable.
+    sessionId: Any = None
+    page: Any = None
+    depth: Any = None  # a scroll's
     timeOnPage: Any = None
 
 
@@ -152,9 +157,8 @@ def merge(record: VisitorRecord | None, events: list[VisitorEvent]) -> VisitorRe
     categories, types = record.categories, dict(record.types)
     last_category = record.last_category
     rage, last_click, burst = record.rage_clicks, record.last_click_ms, record.click_burst
-    page_ms, page_depth, page_time = record.page_ms, record.page_depth, record.page_time_ms
-    depth_sum, time_sum = record.depth_sum, record.time_sum_ms
-    copied = False
+    pages, pages_left, depth_left, time_left = record.pages, record.pages_left, record.depth_left, record.time_left_ms
+    copied = pages_copied = False
     for ev in events:
         first, last = min(first, ev.at_ms), max(last, ev.at_ms)
         types[ev.event_type] = types.get(ev.event_type, 0) + 1
@@ -165,14 +169,12 @@ def merge(record: VisitorRecord | None, events: list[VisitorEvent]) -> VisitorRe
             categories[ev.category] = categories.get(ev.category, 0) + 1
             bot_events += 1
             last_category = ev.category
-        if ev.event_type == "pageview":
-            if ev.event_ms <= 0 or ev.event_ms >= page_ms:  # a newer page: the current one is left
-                depth_sum, time_sum = depth_sum + page_depth, time_sum + page_time
-                page_ms, page_depth, page_time = max(ev.event_ms, 0), 0.0, 0.0
-            continue
-        if ev.scroll is not None:
-            if ev.event_ms <= 0 or ev.event_ms >= page_ms:  # not a scroll of a page already left
-                page_depth, page_time = max(page_depth, ev.scroll[0]), max(page_time, ev.scroll[1])
+        if ev.page is not None:
+            if not pages_copied:
+                pages, pages_copied = list(pages), True
+            left = _fold_page(pages, ev)
+            if left is not None:
+                pages_left, depth_left, time_left = pages_left + 1, depth_left + left[3], time_left + left[4]
             continue
         if ev.event_type == "click":
             if ev.event_ms <= 0:  # time unknown (a record from before times were kept)
@@ -184,8 +186,45 @@ def merge(record: VisitorRecord | None, events: list[VisitorEvent]) -> VisitorRe
             last_click = ev.event_ms
     return VisitorRecord(
         first, last, record.events + len(events), bot_events, categories, last_category,
-        types, native, rage, last_click, burst, page_ms, page_depth, page_time, depth_sum, time_sum,
+        types, native, rage, last_click, burst, pages, pages_left, depth_left, time_left,
     )
+
+
+MAX_PAGES = 8  # pages a record keeps apart; older ones are summed
+MAX_TIME_ON_PAGE_MS = 86_400_000.0  # a day: a wilder timeOnPage counts as this (sums stay finite)
+Page = tuple[int, int, int, float, float]  # (key of session + path, pageview ms, first ms, depth, time on page)
+
+
+def page_key(session_id: str, path: str) -> int:
+    return xxhash.xxh3_64_intdigest(f"{session_id}\x00{path}".encode(errors="surrogatepass"))
+
+
+def _fold_page(pages: list[Page], ev: VisitorEvent) -> Page | None:
+    """Credit a pageview or scroll to its page in `pages` (changed in place); the page summed out, if any.
+
+    Times are the client's (0: unknown). A page's order is its pageview's
+    time, else its first event's; the oldest goes when there are too many.
+    """
+    assert ev.page is not None
+    session, path, depth, time_on_page = ev.page
+    key = page_key(session, path)
+    time_on_page = min(float(time_on_page), MAX_TIME_ON_PAGE_MS)
+    ms = max(ev.event_ms, 0)
+    view_ms = ms if ev.event_type == "pageview" else 0
+    for index, (known, seen_view, first, best_depth, best_time) in enumerate(pages):
+        if known == key:
+            first = min(first, ms) if first and ms else first or ms
+            pages[index] = (key, max(seen_view, view_ms), first, max(best_depth, depth), max(best_time, time_on_page))
+            return None
+    pages.append((key, view_ms, ms, float(depth), time_on_page))
+    if len(pages) <= MAX_PAGES:
+        return None
+    return pages.pop(min(range(len(pages)), key=lambda i: page_order(pages[i])))
+
+
+def page_order(page: Page) -> tuple[int, int]:
+    """Older pages first: by pageview time, else first event time."""
+    return (page[1] or page[2], page[2])
 
 
 def fold(record: VisitorRecord | None, event: VisitorEvent) -> VisitorRecord:
@@ -227,9 +266,12 @@ class FoldVisitors:
                     if record.event_type == "_consent_transition":
                         continue
                     visitor = record.visitor_id
+                    page = record.page
+                    if page is None and record.event_type in _PAGE_TYPES:
+                        page = _parsed_page(value)  # written before records carried it
                     event = VisitorEvent(
                         record.committed_ms, record.is_bot, record.bot_category,
-                        record.event_type, native, record.event_ms, record.scroll,
+                        record.event_type, native, record.event_ms, page,
                     )
                 else:
                     # Written before records carried facts: parse the event itself.
@@ -242,12 +284,10 @@ class FoldVisitors:
                         continue
                     visitor = facts.visitorId
                     client_ms = facts.clientTimestamp if facts.clientTimestamp is not None else facts.timestamp
-                    scroll = None
-                    if facts.type == "scroll" and _is_number(facts.depth) and _is_number(facts.timeOnPage):
-                        scroll = (float(facts.depth), float(facts.timeOnPage))
                     event = VisitorEvent(
                         facts.receivedAt or record.committed_ms, bool(facts.bot.get("isBot")),
-                        str(facts.bot.get("category", "")), facts.type, native, outbox.event_time(client_ms), scroll,
+                        str(facts.bot.get("category", "")), facts.type, native, outbox.event_time(client_ms),
+                        _page_of(facts),
                     )
                 seen.setdefault((record.client_id, record.site_id, visitor), []).append(event)
         last = int.from_bytes(last_key, "big") if last_key is not None else after
@@ -257,8 +297,33 @@ class FoldVisitors:
 _Seen = dict[tuple[str, str, str], list[VisitorEvent]]
 
 
+_PAGE_TYPES = frozenset({"pageview", "scroll"})
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _page_of(facts: _EventFacts) -> tuple[str, str, float, float] | None:
+    """The page fact of a parsed pageview or scroll (as the pipeline gives it), None for other events."""
+    if facts.type not in _PAGE_TYPES:
+        return None
+    session = facts.sessionId if isinstance(facts.sessionId, str) else ""
+    path = facts.page.get("path") if isinstance(facts.page, dict) else None
+    depth, time_on_page = 0.0, 0.0
+    if facts.type == "scroll":
+        if not (_is_number(facts.depth) and _is_number(facts.timeOnPage)):
+            return None
+        depth, time_on_page = float(facts.depth), float(facts.timeOnPage)
+    return (session, path if isinstance(path, str) else "", depth, time_on_page)
+
+
+def _parsed_page(value: bytes | memoryview) -> tuple[str, str, float, float] | None:
+    """The page fact of an outbox record written before records carried it, from its event."""
+    try:
+        return _page_of(_facts.decode(outbox.decode(value).event))
+    except UNREADABLE_RECORD:
+        return None
 
 
 def _skip_unreadable(key: bytes) -> None:
@@ -380,7 +445,7 @@ def _from_appended(appended: list[Appended], after: int) -> tuple[_Seen, int, in
             if cand.event_type == "_consent_transition":
                 continue
             event = VisitorEvent(
-                at_ms, cand.is_bot, cand.bot_category, cand.event_type, native, cand.event_ms, cand.scroll
+                at_ms, cand.is_bot, cand.bot_category, cand.event_type, native, cand.event_ms, cand.page
             )
             seen.setdefault((client_id, site_id, visitor), []).append(event)
     return seen, read, expected - 1

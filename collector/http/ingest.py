@@ -296,7 +296,7 @@ def _candidate(client_id: str, site_id: str, ev: AcceptedEvent) -> Candidate:
     if state is None:
         return Candidate(
             ev.eid, ev.content_hash, ev.stored, _UNIT_OF[ev.meter], *facts,
-            legacy_hash=ev.legacy_hash, scroll=ev.scroll,
+            legacy_hash=ev.legacy_hash, page=ev.page,
         )
     return Candidate(
         ev.eid,

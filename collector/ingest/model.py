@@ -69,9 +69,10 @@ class AcceptedEvent(msgspec.Struct, frozen=True):
     # keys inside free-form maps were not sorted): admission takes a stored
     # record with either hash as the same content.
     legacy_hash: bytes | None = None
-    # A scroll event's (depth percent, timeOnPage ms): the visitor projection
-    # derives the page's scroll depth and time on page from them (spec 2.3).
-    scroll: tuple[float, float] | None = None
+    # A pageview's or scroll's (sessionId, page path, depth percent, timeOnPage
+    # ms; 0, 0 for a pageview): the visitor projection derives each page's
+    # scroll depth and time on page from them (spec 2.3).
+    page: tuple[str, str, float, float] | None = None
 
 
 class EventIssue(msgspec.Struct, frozen=True):

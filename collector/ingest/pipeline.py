@@ -198,6 +198,18 @@ def _verdict(event: AnyEvent, ctx: IngestContext) -> BotInfo:
     return BotInfo(True, verdict.category, verdict.signals)
 
 
+def _page_fact(event: AnyEvent) -> tuple[str, str, float, float] | None:
+    """The page a pageview opens or a scroll reports on, with the scroll's figures (see AcceptedEvent)."""
+    if isinstance(event, Scroll):
+        depth, time_on_page = event.depth, event.timeOnPage
+    elif isinstance(event, Pageview):
+        depth = time_on_page = 0.0
+    else:
+        return None
+    page = event.page
+    return (event.sessionId, page.path if page is not None else "", depth, time_on_page)
+
+
 def _event_id(event: AnyEvent, index: int, header_key: str | None, production: bool) -> str | None:
     if event.eid is not None:
         return event.eid
@@ -388,7 +400,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
                 visitor_id=to_store.visitorId,
                 event_ms=int(event.timestamp),
                 legacy_hash=legacy_hash,
-                scroll=(event.depth, event.timeOnPage) if isinstance(event, Scroll) else None,
+                page=_page_fact(event),
             )
         )
     if missing_ids:

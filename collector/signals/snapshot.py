@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage.visitors import VisitorRecord, VisitorView
+from storage.visitors import VisitorRecord, VisitorView, page_order
 
 STALE_AFTER_MS = 30 * 60 * 1000  # the client session idle window (spec 8.5)
 SUSPICIOUS_FROM = 25  # bot score at which a visitor that is not a bot is suspicious
@@ -58,19 +58,23 @@ def conversion_readiness(record: VisitorRecord) -> int:
 def engagement(record: VisitorRecord) -> dict[str, float]:
     """Scroll depth and time on page, derived from the visitor's scroll events (spec 2.3).
 
-    The current page is the latest pageview's: its deepest scroll milestone
-    and the longest timeOnPage its scrolls reported (0 until one arrives).
-    The averages and total run over every pageview, the current one included;
-    a page without a scroll counts as depth 0 and time 0.
+    A page is a page path within a session. The current page is the one with
+    the latest pageview (else the latest first event): its deepest scroll
+    milestone and the longest timeOnPage its scrolls reported (0 until one
+    arrives). The average and the total run over every page seen; a page
+    without a scroll counts as depth 0 and time 0.
     """
-    pages = record.types.get("pageview", 0)
-    depth_total = record.depth_sum + record.page_depth
-    time_total = record.time_sum_ms + record.page_time_ms
+    pages = len(record.pages) + record.pages_left
+    if not pages:
+        return {"scrollDepth": 0, "timeOnPageMs": 0, "averageScrollDepth": 0, "totalTimeOnPageMs": 0, "pages": 0}
+    current = max(record.pages, key=page_order) if record.pages else None
+    depth_total = record.depth_left + sum(page[3] for page in record.pages)
     return {
-        "scrollDepth": record.page_depth,
-        "timeOnPageMs": record.page_time_ms,
-        "averageScrollDepth": round(depth_total / pages, 1) if pages else record.page_depth,
-        "totalTimeOnPageMs": time_total,
+        "scrollDepth": current[3] if current else 0,
+        "timeOnPageMs": current[4] if current else 0,
+        "averageScrollDepth": round(depth_total / pages, 1),
+        "totalTimeOnPageMs": record.time_left_ms + sum(page[4] for page in record.pages),
+        "pages": pages,
     }
 
 

@@ -230,31 +230,37 @@ async def test_full_snapshot_after_the_fold(nursery: trio.Nursery, tmp_path: Pat
 
 
 async def test_scroll_depth_and_time_on_page(nursery: trio.Nursery, tmp_path: Path) -> None:
-    # Spec 2.3: the server derives scroll depth and time on page from the
-    # later scroll events of the page.
+    # Spec 2.3: the server derives scroll depth and time on page from the later
+    # scroll events of the session; a page is a path within a session.
     server = await started(nursery, tmp_path)
     t0 = int(time.time() * 1000)
+
+    def on(path: str, session: str = "s1") -> dict[str, object]:
+        return {"page": {"url": f"https://bigco.com{path}", "path": path, "title": path}, "sessionId": session}
+
     await post(server, PAID, [
-        event("e-pv1", "pageview", "reader", at=t0),
-        event("e-s1", "scroll", "reader", at=t0 + 3_000, depth=25, timeOnPage=3_000),
-        event("e-s2", "scroll", "reader", at=t0 + 9_000, depth=50, timeOnPage=9_000),
+        event("e-pv1", "pageview", "reader", at=t0, **on("/a")),
+        event("e-s1", "scroll", "reader", at=t0 + 3_000, depth=25, timeOnPage=3_000, **on("/a")),
+        event("e-s2", "scroll", "reader", at=t0 + 9_000, depth=50, timeOnPage=9_000, **on("/a")),
     ], **PAID_ORIGIN)
     await folded(server)
     body = (await read(server, "reader", key=PAID, **PAID_ORIGIN)).json()
     assert body["engagement"] == {
-        "scrollDepth": 50, "timeOnPageMs": 9_000, "averageScrollDepth": 50, "totalTimeOnPageMs": 9_000,
+        "scrollDepth": 50, "timeOnPageMs": 9_000, "averageScrollDepth": 50, "totalTimeOnPageMs": 9_000, "pages": 1,
     }
-    # The next page starts afresh; a late scroll of the first page is not credited to it.
-    await post(server, PAID, [
-        event("e-pv2", "pageview", "reader", at=t0 + 20_000),
-        event("e-s3", "scroll", "reader", at=t0 + 24_000, depth=25, timeOnPage=4_000),
-    ], **PAID_ORIGIN)
-    await post(server, PAID, [event("e-late", "scroll", "reader", at=t0 + 15_000, depth=90, timeOnPage=15_000)],
+    # A second tab opens /b; the scroll of /a arriving later is still /a's, and /b's
+    # scroll arriving before its pageview is /b's.
+    await post(server, PAID, [event("e-s3", "scroll", "reader", at=t0 + 24_000, depth=25, timeOnPage=4_000,
+                                    **on("/b", "s2"))], **PAID_ORIGIN)
+    await post(server, PAID, [event("e-pv2", "pageview", "reader", at=t0 + 20_000, **on("/b", "s2"))],
                **PAID_ORIGIN)
+    await post(server, PAID, [event("e-late", "scroll", "reader", at=t0 + 15_000, depth=90, timeOnPage=15_000,
+                                    **on("/a"))], **PAID_ORIGIN)
     await folded(server)
     body = (await read(server, "reader", key=PAID, **PAID_ORIGIN)).json()
     assert body["engagement"] == {
-        "scrollDepth": 25, "timeOnPageMs": 4_000, "averageScrollDepth": 37.5, "totalTimeOnPageMs": 13_000,
+        "scrollDepth": 25, "timeOnPageMs": 4_000, "averageScrollDepth": 57.5, "totalTimeOnPageMs": 19_000,
+        "pages": 2,
     }
     assert body["activity"]["scrolls"] == 4
 

@@ -31,7 +31,8 @@ def _job(events: list[Event], *, key_type: str = "browser") -> Admission:
                   json.dumps({"type": kind, "visitorId": visitor, "timestamp": ms,
                               "bot": {"isBot": is_bot, "category": category}}).encode(),
                   None, visitor, kind, is_bot, category, ms,
-                  scroll=(50.0, 3000.0) if kind == "scroll" else None)
+                  page=("s1", "/", 50.0, 3000.0) if kind == "scroll" else ("s1", "/", 0.0, 0.0) if kind == "pageview"
+                  else None)
         for eid, visitor, kind, is_bot, category, ms in events
     ]
     return Admission(client_id="acme", site_id="web", key_type=key_type, account="acme", period="2026-11",
@@ -98,7 +99,7 @@ def test_folding_at_commit_equals_reading_the_outbox(tmp_path: Path) -> None:
         assert _catch_up(read) == FoldResult(8, 8, False)
         assert _visitors(inline) == _visitors(read) and len(_visitors(inline)) == 3
         [(_, _, scroller)] = iter_visitors(inline, "q")
-        assert (scroller.page_depth, scroller.page_time_ms) == (50.0, 3000.0)
+        assert [page[3:] for page in scroller.pages] == [(50.0, 3000.0)]
     finally:
         inline.close()
         read.close()

@@ -15,6 +15,7 @@ from storage.admission import Admission, Candidate
 from storage.env import Storage
 from storage.visitors import (
     CURSOR,
+    MAX_PAGES,
     FoldResult,
     FoldVisitors,
     VisitorEvent,
@@ -135,22 +136,29 @@ def test_old_records_fold_from_their_event_and_new_ones_from_their_facts(tmp_pat
         storage.close()
 
 
-def test_scroll_facts_fold_from_new_and_old_records(tmp_path: Path) -> None:
+def test_page_facts_fold_from_new_and_old_records(tmp_path: Path) -> None:
     storage = Storage(tmp_path)
     try:
-        # Old: the depth and timeOnPage are read from the event itself.
+        # Before facts: the page is read from the event itself.
         _append_old_format(storage, 1, "reader", {"isBot": False, "category": "human"},
-                           type="scroll", depth=50, timeOnPage=6000, timestamp=2000)
-        # New: the record carries them as its last fact.
-        fields = ("rcpt_x000000000002", "acme", "web", "e2", 3000, "browser", b"{}", "reader", "scroll",
-                  False, "human", 3000, (75.0, 9000.0))
+                           type="scroll", sessionId="s1", page={"path": "/a"}, depth=50, timeOnPage=6000,
+                           timestamp=2000)
+        # With facts but before the page fact (review of ecdb3f4): read from the event too.
+        event = json.dumps({"type": "scroll", "visitorId": "reader", "sessionId": "s1", "page": {"path": "/b"},
+                            "depth": 25, "timeOnPage": 1000}).encode()
+        facts = ("rcpt_x000000000002", "acme", "web", "e2", 3000, "browser", event, "reader", "scroll",
+                 False, "human", 3000)
+        # With the page fact: trusted as it is.
+        fields = ("rcpt_x000000000003", "acme", "web", "e3", 4000, "browser", b"{}", "reader", "scroll",
+                  False, "human", 4000, ("s1", "/a", 75.0, 9000.0))
         with storage.env.begin(write=True) as txn:
-            txn.put(outbox.seq_key(2), outbox.encode_fields(fields), db=storage.dbs.outbox)
-            txn.put(outbox.NEXT_SEQ, (3).to_bytes(8, "big"), db=storage.dbs.meta)
-        assert _fold(storage, batch=10).folded == 2
+            txn.put(outbox.seq_key(2), outbox.encode_fields(facts), db=storage.dbs.outbox)
+            txn.put(outbox.seq_key(3), outbox.encode_fields(fields), db=storage.dbs.outbox)
+            txn.put(outbox.NEXT_SEQ, (4).to_bytes(8, "big"), db=storage.dbs.meta)
+        assert _fold(storage, batch=10).folded == 3
         [(_, _, record)] = iter_visitors(storage, "reader")
-        assert (record.page_depth, record.page_time_ms) == (75, 9000)
-        assert record.types == {"scroll": 2}
+        assert sorted(page[3:] for page in record.pages) == [(25.0, 1000.0), (75.0, 9000.0)]
+        assert record.types == {"scroll": 3}
     finally:
         storage.close()
 
@@ -181,7 +189,8 @@ events = st.lists(
         st.sampled_from(["pageview", "click", "scroll", "form"]),
         st.booleans(),
         st.integers(0, 5000),
-        st.one_of(st.none(), st.tuples(st.floats(0, 100), st.floats(0, 1e7))),
+        st.one_of(st.none(), st.tuples(st.sampled_from(["s1", "s2"]), st.sampled_from(["/a", "/b", "/c"]),
+                                       st.floats(0, 100), st.floats(0, 1e7))),
     ),
     min_size=1, max_size=12,
 )
@@ -222,29 +231,57 @@ def test_rage_clicks_are_the_third_and_later_clicks_of_a_burst() -> None:
     assert record.rage_clicks == 5 and record.click_burst == 1  # only 400 (third of 100, 300, 400)
 
 
+def _view(ms: int, path: str = "/a", session: str = "s1") -> VisitorEvent:
+    return VisitorEvent(1, False, "human", "pageview", False, ms, (session, path, 0.0, 0.0))
+
+
+def _scroll(ms: int, depth: float, time_on_page: float, path: str = "/a", session: str = "s1") -> VisitorEvent:
+    return VisitorEvent(1, False, "human", "scroll", False, ms, (session, path, depth, time_on_page))
+
+
+def _figures(record: VisitorRecord) -> dict[str, float]:
+    from collector.signals.snapshot import engagement
+
+    return engagement(record)
+
+
 def test_scroll_depth_and_time_on_page_per_page() -> None:
-    def pageview(ms: int) -> VisitorEvent:
-        return VisitorEvent(1, False, "human", "pageview", False, ms)
+    # Page /a: milestones 25 and 50; the deepest and the longest count.
+    record = merge(None, [_view(1000), _scroll(4000, 25, 3000), _scroll(9000, 50, 8000), _scroll(9500, 25, 2000)])
+    assert _figures(record) == {"scrollDepth": 50, "timeOnPageMs": 8000, "averageScrollDepth": 50,
+                                "totalTimeOnPageMs": 8000, "pages": 1}
+    record = merge(record, [_view(20_000, "/b"), _scroll(24_000, 25, 4000, "/b")])
+    assert _figures(record) == {"scrollDepth": 25, "timeOnPageMs": 4000, "averageScrollDepth": 37.5,
+                                "totalTimeOnPageMs": 12_000, "pages": 2}
+    # A late scroll of /a is credited to /a, not to the current page.
+    record = merge(record, [_scroll(15_000, 90, 14_000)])
+    assert _figures(record) == {"scrollDepth": 25, "timeOnPageMs": 4000, "averageScrollDepth": 57.5,
+                                "totalTimeOnPageMs": 18_000, "pages": 2}
+    assert record.types == {"pageview": 2, "scroll": 5}
 
-    def scroll(ms: int, depth: float, time_on_page: float) -> VisitorEvent:
-        return VisitorEvent(1, False, "human", "scroll", False, ms, (depth, time_on_page))
 
-    # Page one: milestones 25 and 50; the deepest and the longest count.
-    record = merge(None, [pageview(1000), scroll(4000, 25, 3000), scroll(9000, 50, 8000), scroll(9500, 25, 2000)])
-    assert (record.page_ms, record.page_depth, record.page_time_ms) == (1000, 50, 8000)
-    assert (record.depth_sum, record.time_sum_ms) == (0, 0)
-    # Page two opens: page one is left (its figures move to the sums).
-    record = merge(record, [pageview(20_000), scroll(24_000, 25, 4000)])
-    assert (record.page_ms, record.page_depth, record.page_time_ms) == (20_000, 25, 4000)
-    assert (record.depth_sum, record.time_sum_ms) == (50, 8000)
-    # A scroll of page one arriving late is not credited to page two, nor is
-    # an older pageview arriving late a new current page.
-    record = merge(record, [scroll(15_000, 90, 14_000), pageview(12_000)])
-    assert (record.page_ms, record.page_depth, record.page_time_ms) == (20_000, 25, 4000)
-    assert (record.depth_sum, record.time_sum_ms) == (50, 8000)
-    assert record.types == {"pageview": 3, "scroll": 5}
-    # A scroll of unknown time (0) counts for the current page.
-    assert merge(record, [scroll(0, 75, 100)]).page_depth == 75
+def test_engagement_does_not_depend_on_arrival_order_or_tabs() -> None:
+    # Found by audit helper-33 and review helper-31 of the first version, which
+    # credited every scroll to the latest pageview.
+    events = [_view(1000, "/a", "s1"), _view(2000, "/b", "s2"), _scroll(3000, 100, 900, "/a", "s1"),
+              _scroll(4000, 25, 400, "/b", "s2"), _scroll(2500, 50, 2000, "/a", "s1")]
+    expected = {"scrollDepth": 25, "timeOnPageMs": 400, "averageScrollDepth": 62.5, "totalTimeOnPageMs": 2400,
+                "pages": 2}
+    for order in ([0, 1, 2, 3, 4], [2, 0, 4, 3, 1], [4, 3, 2, 1, 0], [3, 2, 1, 0, 4]):
+        assert _figures(merge(None, [events[i] for i in order])) == expected, order
+    # A scroll before its own pageview is the same page: the average never passes 100.
+    record = merge(None, [_scroll(2000, 50, 2000), _view(1000), _scroll(3000, 100, 3000)])
+    assert _figures(record)["averageScrollDepth"] == 100 and _figures(record)["pages"] == 1
+
+
+def test_only_the_latest_pages_are_kept_apart_and_wild_times_stay_finite() -> None:
+    record = merge(None, [_view(1000 * n, f"/p{n}") for n in range(1, 12)])
+    record = merge(record, [_scroll(11_500, 50, 1e308, "/p11")])
+    assert len(record.pages) == MAX_PAGES and record.pages_left == 3
+    figures = _figures(record)
+    assert figures["pages"] == 11 and figures["scrollDepth"] == 50
+    assert figures["timeOnPageMs"] == figures["totalTimeOnPageMs"] == 86_400_000
+    assert figures["averageScrollDepth"] == round(50 / 11, 1)
 
 
 def test_records_written_before_the_snapshot_fields_still_decode() -> None:
