@@ -233,12 +233,14 @@ def cmd_outbox_dump(args: argparse.Namespace) -> int:
 
 
 def cmd_reveal(args: argparse.Namespace) -> int:
-    from collector.fieldkeys import key_file_path, load_or_create
+    from collector.fieldkeys import key_file_path, load
     from collector.reveal import operator_identity, reveal
 
     settings = _settings_from(args)
-    sealer = load_or_create(key_file_path(settings))
+    # The directory is checked first, and the key file only read: a mistyped
+    # --data-dir must not get a directory and a fresh key (which serve would adopt).
     with _storage(args) as storage:
+        sealer = load(key_file_path(settings))
         event, entry = reveal(storage, sealer, args.receipt_id, reason=args.reason, who=operator_identity())
     print(_json.encode({"audit": entry.seq, "receiptId": args.receipt_id, "event": event}).decode())
     return 0

@@ -92,6 +92,13 @@ def load_or_create(path: Path) -> FieldSealer:
     return _sealer(_read(path), path)
 
 
+def load(path: Path) -> FieldSealer:
+    """The sealer for the existing key file at `path`; KeyFileError when there is none."""
+    if not path.exists():
+        raise KeyFileError(f"no field key file at {path}: nothing sealed here can be revealed")
+    return _sealer(_read(path), path)
+
+
 def rotate(path: Path) -> str:
     """Add a fresh key, make it active, keep the old ones; returns the new key id."""
     content = _read(path) if path.exists() else _KeyFile("k0", {})

@@ -287,6 +287,10 @@ def test_bad_operator_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         (["check", "--data-dir", str(foreign)], "not a collector's"),
         (["check", "--data-dir", str(empty)], "no collector data"),
         (["keys", "rotate-field-key", "--data-dir", str(tmp_path / "typo")], "no data directory"),
+        # reveal made the directory and a fresh field key before it looked (audit helper-32)
+        (["reveal", "rcpt_x", "--reason", "a long enough reason", "--data-dir", str(tmp_path / "typo")],
+         "no data directory"),
+        (["reveal", "rcpt_x", "--reason", "a long enough reason", "--data-dir", str(empty)], "no collector data"),
         (["backup", "/proc/no/such/backup", "--data-dir", str(served)], "cannot create the backup destination"),
         (["tenants", "import", str(not_utf8), "--data-dir", str(tmp_path / "typo")], "not valid UTF-8"),
         (["backup", str(tmp_path / "keyless"), "--with-field-keys", "--data-dir", str(served)],
