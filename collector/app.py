@@ -186,7 +186,8 @@ def _meter_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
     period = billing_period(services.now_ms())
     used = GaugeMetricFamily(
         "collector_meter_used_units",
-        "Monthly units used, by billing account and unit (pageview, coverage)",
+        "Monthly units used, by billing account and unit (pageview, coverage; pageview_overage and"
+        " coverage_overage: the part served as paid overage, which invoices bill)",
         labels=["account", "unit", "period"],
     )
     for account, counter_period, unit, value in iter_counters(services.storage):

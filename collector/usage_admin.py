@@ -29,9 +29,9 @@ class UnitUsage(msgspec.Struct, frozen=True):
     period: str
     unit: str
     used: int
-    included: int
-    ceiling: int
-    mode: str
+    included: int | None  # None: no key of the account is left to say its terms
+    ceiling: int | None
+    mode: str  # "unknown" with them
 
 
 class InvoiceLine(msgspec.Struct, frozen=True):
@@ -39,7 +39,7 @@ class InvoiceLine(msgspec.Struct, frozen=True):
     period: str
     unit: str
     used: int
-    included: int
+    included: int | None
     overage: int
     blocks: int
     block_size: int
@@ -56,14 +56,30 @@ def account_policies(storage: Storage) -> dict[str, UsagePolicy]:
     return policies
 
 
+def _period_counters(storage: Storage, period: str) -> dict[tuple[str, str], int]:
+    """(account, kind) -> units of every readable counter of `period`."""
+    return {(account, kind): used for account, stored, kind, used in counters.iter_counters(storage)
+            if stored == period}
+
+
 def usage_rows(storage: Storage, *, account: str | None = None, period: str | None = None) -> list[UnitUsage]:
+    """Every account with a key or with usage in the period: an account no key names any
+    more (its keys moved to another) still shows what it used."""
     period = period or billing_period(int(time.time() * 1000))
+    policies = account_policies(storage)
+    stored = _period_counters(storage, period)
+    names = set(policies) | {name for name, kind in stored if kind in (PAGEVIEW_UNIT, COVERAGE_UNIT)}
     rows = []
-    for name, policy in sorted(account_policies(storage).items()):
+    for name in sorted(names):
         if account and name != account:
             continue
-        pageviews = counters.read_counter(storage, name, period, PAGEVIEW_UNIT)
-        coverage = counters.read_counter(storage, name, period, COVERAGE_UNIT)
+        pageviews = stored.get((name, PAGEVIEW_UNIT), 0)
+        coverage = stored.get((name, COVERAGE_UNIT), 0)
+        policy = policies.get(name)
+        if policy is None:
+            rows.append(UnitUsage(name, period, PAGEVIEW_UNIT, pageviews, None, None, "unknown"))
+            rows.append(UnitUsage(name, period, COVERAGE_UNIT, coverage, None, None, "unknown"))
+            continue
         snapshot = current_snapshot(policy, period, pageviews=pageviews, coverage=coverage)
         rows.append(UnitUsage(name, period, PAGEVIEW_UNIT, pageviews, policy.pageview_included,
                               policy.pageview_ceiling, snapshot.billing_mode.value))
@@ -73,14 +89,27 @@ def usage_rows(storage: Storage, *, account: str | None = None, period: str | No
 
 
 def invoice_lines(storage: Storage, period: str) -> list[InvoiceLine]:
-    """Overage priced in whole blocks, for accounts with paid overage on."""
+    """Overage priced in whole blocks (spec 8.4).
+
+    The overage billed is what was served as overage: the units admitted
+    beyond the included ones while paid overage was on, counted as they were
+    admitted (`<unit>_overage` counters), so terms changed later (overage
+    switched off, a new contract, the account's keys moved away) do not
+    rewrite a past period. A period metered before those counters existed
+    has none: it is priced with the account's current terms, as before.
+    """
     lines = []
     policies = account_policies(storage)
+    stored = _period_counters(storage, period)
     for row in usage_rows(storage, period=period):
-        policy = policies[row.account]
-        if not policy.overage:
+        policy = policies.get(row.account)
+        served = stored.get((row.account, row.unit + counters.OVERAGE_SUFFIX))
+        if served is not None:
+            overage = served
+        elif policy is not None and policy.overage and row.included is not None:
+            overage = max(0, row.used - row.included)
+        else:
             continue
-        overage = max(0, row.used - row.included)
         size, price = (
             (PAGEVIEW_BLOCK, PAGEVIEW_BLOCK_USD) if row.unit == PAGEVIEW_UNIT else (COVERAGE_BLOCK, COVERAGE_BLOCK_USD)
         )

@@ -95,6 +95,7 @@ class Admission:
         "window_ms",
         "budget",
         "units",
+        "included",
     )
 
     def __init__(
@@ -109,6 +110,7 @@ class Admission:
         window_ms: int,
         budget: Budget,
         units: Sequence[str],
+        included: dict[str, int] | None = None,
     ) -> None:
         self.client_id = client_id
         self.site_id = site_id
@@ -119,6 +121,10 @@ class Admission:
         self.window_ms = window_ms
         self.budget = budget
         self.units = units  # every unit kind the budget looks at
+        # Under paid overage, each unit's included amount: units admitted beyond
+        # it also go to the unit's overage counter, which invoices bill (the
+        # terms may change later; what was served as overage stays served).
+        self.included = included
 
     def run(self, ctx: WriteContext) -> AdmissionResult:
         # Runs on the writer thread under the GIL the event loop needs: per
@@ -231,6 +237,14 @@ class Admission:
                     if amount
                 ]
             )
+            if self.included is not None:
+                counters.add_units(txn, dbs, {
+                    counters.overage_key(self.account, self.period, unit): counters.served_overage(
+                        included, used[unit], added[unit]
+                    )
+                    for unit, included in self.included.items()
+                    if added.get(unit)
+                })
         # In-batch duplicates take the receipt of the first occurrence.
         for index in range(count):
             if receipts[index] is None:

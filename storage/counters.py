@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import msgspec
 
@@ -63,6 +64,34 @@ def iter_counters(storage: Storage) -> Iterator[tuple[str, str, str, int]]:
             yield account, period, kind, decode_value(bytes(value))
 
 
+OVERAGE_SUFFIX = "_overage"  # kind of the counter of a unit's billed overage ("pageview_overage")
+
+
+def overage_key(account: str, period: str, unit: str) -> bytes:
+    """The counter of `unit`'s overage served under paid overage: what an invoice bills."""
+    return counter_key(account, period, unit + OVERAGE_SUFFIX)
+
+
+def served_overage(included: int, used: int, added: int) -> int:
+    """Units of `added` beyond `included`, counting from `used`."""
+    return max(0, used + added - max(used, included))
+
+
+def add_units(txn: Any, dbs: Any, increments: dict[bytes, int]) -> None:
+    """Add to counters in a write job. A stored value that is not a counter is
+    left as it is (never guessed at; `collector check` reports it)."""
+    keys = [key for key, amount in increments.items() if amount]
+    if not keys:
+        return
+    stored = dict(txn.cursor(db=dbs.counters).getmulti(keys))
+    rows = [
+        (key, encode_value(decode_value(stored.get(key)) + increments[key]))
+        for key in keys
+        if is_counter(stored.get(key))
+    ]
+    txn.cursor(db=dbs.counters).putmulti(rows)
+
+
 class Spend(msgspec.Struct, frozen=True):
     """The outcome of a SpendUnits job."""
 
@@ -78,10 +107,14 @@ class SpendUnits:
     A stored value that is not a counter is never guessed at or overwritten.
     """
 
-    __slots__ = ("key", "units", "allow")
+    __slots__ = ("key", "units", "allow", "overage")
 
-    def __init__(self, key: bytes, units: int, allow: Callable[[int, int], bool]) -> None:
-        self.key, self.units, self.allow = key, units, allow
+    def __init__(
+        self, key: bytes, units: int, allow: Callable[[int, int], bool], overage: tuple[bytes, int] | None = None
+    ) -> None:
+        """`overage`: (its counter, the included units) when paid overage is on: units spent
+        beyond the included ones are added to it too (an invoice bills them)."""
+        self.key, self.units, self.allow, self.overage = key, units, allow, overage
 
     def run(self, ctx: WriteContext) -> Spend:
         raw = ctx.txn.get(self.key, db=ctx.dbs.counters)
@@ -91,4 +124,7 @@ class SpendUnits:
         if not self.allow(used, self.units):
             return Spend(used, False)
         ctx.txn.put(self.key, encode_value(used + self.units), db=ctx.dbs.counters)
+        if self.overage is not None:
+            key, included = self.overage
+            add_units(ctx.txn, ctx.dbs, {key: served_overage(included, used, self.units)})
         return Spend(used + self.units, True)

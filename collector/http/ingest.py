@@ -261,6 +261,11 @@ async def _admit(
         window_ms=int(services.settings.idempotency_window_hours * 3_600_000),
         budget=budget,
         units=UNITS,
+        included=(
+            {PAGEVIEW_UNIT: policy.pageview_included, COVERAGE_UNIT: policy.coverage_included}
+            if policy.overage
+            else None
+        ),
     )
     try:
         result: AdmissionResult = await services.writer.submit(job)

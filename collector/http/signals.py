@@ -145,7 +145,14 @@ async def _spend_coverage(
     key = counters.counter_key(policy.account, period, COVERAGE_UNIT)
     try:
         spend = await services.writer.submit(
-            counters.SpendUnits(key, units, lambda used, more: coverage_read_allowed(policy, used, more))
+            counters.SpendUnits(
+                key, units, lambda used, more: coverage_read_allowed(policy, used, more),
+                overage=(
+                    (counters.overage_key(policy.account, period, COVERAGE_UNIT), policy.coverage_included)
+                    if policy.overage
+                    else None
+                ),
+            )
         )
     except (WriterBusy, StorageError) as exc:
         log.warning("coverage metering unavailable, answering degraded: %s", exc)

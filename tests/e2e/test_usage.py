@@ -123,6 +123,28 @@ async def test_paid_overage_meters_until_the_ceiling(nursery: trio.Nursery, tmp_
     pageview_line = next(line for line in invoice if line.get("unit") == "pageview")
     assert (pageview_line["overage"], pageview_line["blocks"], pageview_line["amount_usd"]) == (50, 1, 50)
 
+    def report(command: str) -> list[dict[str, object]]:
+        argv = ["usage", command] + (["--period", period] if command == "invoice" else ["--period", period])
+        return [json.loads(line) for line in run_cli(*argv, data_dir=server.data_dir).stdout.splitlines()]
+
+    def billed() -> tuple[object, ...]:
+        line = next(line for line in report("invoice") if line.get("account") == "paidco"
+                    and line.get("unit") == "pageview")
+        return line["overage"], line["amount_usd"]
+
+    # The overage served stays billed when the terms change afterwards (found by audit
+    # helper-32: turning overage off, or moving the account's keys, dropped it).
+    paid = dict(TENANTS["keys"][2])  # type: ignore[index]
+    for changed in ({**paid, "overage": False}, {**paid, "contract": {"monthlyPageviews": 1000}},
+                    {**paid, "billingAccount": "paidco-eu"}):
+        path = tmp_path / "changed.json"
+        path.write_text(json.dumps({"keys": [changed]}))
+        run_cli("tenants", "import", str(path), data_dir=server.data_dir)
+        assert billed() == (50, 50), changed
+    shown = [row for row in report("show") if row["account"] == "paidco"]
+    assert [(row["unit"], row["used"], row["mode"]) for row in shown] == [("pageview", 150, "unknown"),
+                                                                          ("coverage", 0, "unknown")]
+
 
 async def test_coverage_headers_and_the_accepted_event_ceiling(nursery: trio.Nursery, tmp_path: Path) -> None:
     tenants = {"keys": [dict(TENANTS["keys"][0], contract={"signalsCoverage": 2, "coverageCeiling": 3})]}

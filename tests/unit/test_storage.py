@@ -331,3 +331,20 @@ def test_iter_outbox_hands_an_unreadable_record_to_its_caller_and_goes_on(tmp_pa
     assert skipped == [(2, "UnicodeDecodeError")]
     with pytest.raises(UnicodeDecodeError):
         list(outbox.iter_outbox(storage))  # without a callback the error reaches the caller
+
+
+def test_units_spent_beyond_the_included_ones_are_counted_as_served_overage(tmp_path: Path) -> None:
+    storage = Storage(tmp_path)
+    try:
+        key, over = counters.counter_key("acme", "2026-11", "coverage"), counters.overage_key("acme", "2026-11", "coverage")
+        for units in (3, 3, 3):  # 9 units, 5 included: the second spend crosses, the third is all overage
+            spend = run_job_now(storage, counters.SpendUnits(key, units, lambda used, more: True, overage=(over, 5)))
+            assert spend.spent
+        assert counters.read_counter(storage, "acme", "2026-11", "coverage") == 9
+        assert counters.read_counter(storage, "acme", "2026-11", "coverage_overage") == 4
+        # Without paid overage nothing is counted as served overage.
+        run_job_now(storage, counters.SpendUnits(key, 1, lambda used, more: True))
+        assert counters.read_counter(storage, "acme", "2026-11", "coverage_overage") == 4
+        assert [counters.served_overage(5, used, 3) for used in (0, 3, 6)] == [0, 1, 3]
+    finally:
+        storage.close()
