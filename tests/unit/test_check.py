@@ -138,6 +138,24 @@ def test_counter_below_the_outbox_is_reported(storage: Storage) -> None:
     assert not report.ok
 
 
+def test_a_billing_account_that_changed_and_changed_back_is_a_note(tmp_path: Path) -> None:
+    # acme's events were counted into acme-eu while its key billed there; its own
+    # counter is short, but the period's counters hold every unit (audit helper-32).
+    storage = Storage(tmp_path)
+    add_key(storage, "acme")
+    admit(storage, ["p1", "p2"])
+    admit(storage, ["p3"], account="acme-eu")
+    report = check(storage)
+    assert report.problems == [] and report.ok
+    assert report.notes == [
+        "counter acme/2026-11/pageview is 2, the outbox holds 3; the period's pageview counters hold"
+        " every unit (a billing account changed?)"
+    ]
+    # A counter really lost is still a problem.
+    put_raw(storage, "counters", counters.counter_key("acme-eu", "2026-11", "pageview"), None)
+    assert check(storage).problems == ["counter acme/2026-11/pageview is 2, the outbox holds 3"]
+
+
 def test_counter_above_the_outbox_is_allowed(storage: Storage) -> None:
     put_raw(
         storage,
