@@ -137,7 +137,8 @@ def cmd_tenants_import(args: argparse.Namespace) -> int:
         for record in records:
             print(one_line(f"imported {record.key} clientId={record.clientId} keyType={record.key_type}"))
         touched = {record.billing_account for record in records}
-        stored = [r for r in list_records(storage) if r.billing_account in touched and not r.revokedAt]
+        stored = [r for r in list_records(storage, on_unreadable=lambda key, error: None)  # check lists them
+                  if r.billing_account in touched and not r.revokedAt]
     for account in _idle_pageview_ceilings(stored):
         print(
             f"collector: note: billing account {account!r} has a contract pageviewCeiling but overage off:"
@@ -165,10 +166,11 @@ def _idle_pageview_ceilings(records: list[KeyRecord]) -> list[str]:
 def cmd_tenants_list(args: argparse.Namespace) -> int:
     from collector.tenants_admin import list_records
 
+    skipped = _SkippedKeys()
     with _storage(args) as storage:
-        for record in list_records(storage):
+        for record in list_records(storage, on_unreadable=skipped):
             print(_json.encode(record).decode())
-    return 0
+    return skipped.status
 
 
 def cmd_keys_rotate(args: argparse.Namespace) -> int:
@@ -303,10 +305,21 @@ def cmd_keys_rotate_field_key(args: argparse.Namespace) -> int:
 def cmd_replay_dump(args: argparse.Namespace) -> int:
     from collector.replay_admin import session_lines
 
+    unreadable = 0
+
+    def skip(where: tuple[str, str, str, int], error: Exception) -> None:
+        # Carry on: one damaged chunk must not hide the rest of the session.
+        nonlocal unreadable
+        unreadable += 1
+        sys.stdout.flush()
+        client, site, session, seq = where
+        print(one_line(f"collector: replay chunk {client}/{site}/{session}/{seq} does not decode, skipped: {error}"),
+              file=sys.stderr)
+
     with _storage(args) as storage:
-        for line in session_lines(storage, args.session, args.client):
+        for line in session_lines(storage, args.session, args.client, on_unreadable=skip):
             print(line)
-    return 0
+    return 1 if unreadable else 0
 
 
 _PERIOD = r"^\d{4}-(0[1-9]|1[0-2])$"
@@ -326,25 +339,43 @@ def _period(value: str) -> str:
     return value
 
 
+class _SkippedKeys:
+    """Key records that do not decode: one line each on stderr, and the command exits 1."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, key: str, error: Exception) -> None:
+        self.count += 1
+        sys.stdout.flush()
+        print(one_line(f"collector: key record {key} does not decode, skipped: {error}"), file=sys.stderr)
+
+    @property
+    def status(self) -> int:
+        return 1 if self.count else 0
+
+
 def cmd_usage_show(args: argparse.Namespace) -> int:
     from collector.usage_admin import usage_rows
 
+    skipped = _SkippedKeys()
     with _storage(args) as storage:
-        for row in usage_rows(storage, account=args.account, period=args.period):
+        for row in usage_rows(storage, account=args.account, period=args.period, on_unreadable=skipped):
             print(_json.encode(row).decode())
-    return 0
+    return skipped.status
 
 
 def cmd_usage_invoice(args: argparse.Namespace) -> int:
     from collector.usage_admin import invoice_lines
 
+    skipped = _SkippedKeys()
     with _storage(args) as storage:
-        lines = invoice_lines(storage, args.period)
+        lines = invoice_lines(storage, args.period, on_unreadable=skipped)
         for line in lines:
             print(_json.encode(line).decode())
         total = sum(line.amount_usd for line in lines)
         print(_json.encode({"period": args.period, "total_usd": total}).decode())
-    return 0
+    return skipped.status
 
 
 def cmd_backup(args: argparse.Namespace) -> int:

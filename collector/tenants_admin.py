@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import msgspec
@@ -20,6 +21,7 @@ from collector.access.tenants import (
 )
 from storage import keys as key_store
 from storage.env import Storage
+from storage.errors import UNREADABLE_RECORD
 from storage.stream_secret import stream_token_secret
 
 _json = msgspec.json.Encoder()
@@ -49,7 +51,9 @@ def import_tenants(storage: Storage, data: bytes) -> list[KeyRecord]:
     records = parse_tenants_file(data)
 
     def update(stored: dict[str, bytes]) -> dict[str, bytes]:
-        merged = {key: decode_record(raw) for key, raw in stored.items()}
+        # A stored record that does not decode is left as it is (`collector
+        # check` lists it), unless the file names its key and so replaces it.
+        merged = {key: record for key, raw in stored.items() if (record := _readable(raw)) is not None}
         touched = {merged[r.key].billing_account for r in records if r.key in merged}
         changed = {record.key for record in records}
         for record in records:
@@ -137,8 +141,27 @@ def _any_paid(records: list[KeyRecord]) -> Plan:
     return Plan.PAID if any(r.normalized_plan is Plan.PAID for r in records) else Plan.FREE
 
 
-def list_records(storage: Storage) -> list[KeyRecord]:
-    return [decode_record(raw) for _, raw in key_store.iter_keys(storage)]
+def _readable(raw: bytes) -> KeyRecord | None:
+    try:
+        return decode_record(raw)
+    except UNREADABLE_RECORD:
+        return None
+
+
+def list_records(
+    storage: Storage, on_unreadable: Callable[[str, Exception], None] | None = None
+) -> list[KeyRecord]:
+    """Every stored key record. One that does not decode goes to `on_unreadable`
+    (its key, shortened, and the error) and is left out; without it the error is raised."""
+    records = []
+    for key, raw in key_store.iter_keys(storage):
+        try:
+            records.append(decode_record(raw))
+        except UNREADABLE_RECORD as exc:
+            if on_unreadable is None:
+                raise
+            on_unreadable(f"{key[:12]}...", exc)
+    return records
 
 
 def _now_iso() -> str:

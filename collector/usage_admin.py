@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 import msgspec
 
@@ -47,10 +48,18 @@ class InvoiceLine(msgspec.Struct, frozen=True):
     amount_usd: int
 
 
-def account_policies(storage: Storage) -> dict[str, UsagePolicy]:
-    """One policy per billing account, from its first live key (keys of one account agree)."""
+Unreadable = Callable[[str, Exception], None]
+
+
+def account_policies(storage: Storage, on_unreadable: Unreadable | None = None) -> dict[str, UsagePolicy]:
+    """One policy per billing account, from its first live key (keys of one account agree).
+
+    A key record that does not decode goes to `on_unreadable` (see list_records).
+    """
     policies: dict[str, UsagePolicy] = {}
-    records: list[KeyRecord] = sorted(list_records(storage), key=lambda r: (bool(r.revokedAt), r.key))
+    records: list[KeyRecord] = sorted(
+        list_records(storage, on_unreadable), key=lambda r: (bool(r.revokedAt), r.key)
+    )
     for record in records:
         policies.setdefault(record.billing_account, policy_for(record))
     return policies
@@ -62,11 +71,17 @@ def _period_counters(storage: Storage, period: str) -> dict[tuple[str, str], int
             if stored == period}
 
 
-def usage_rows(storage: Storage, *, account: str | None = None, period: str | None = None) -> list[UnitUsage]:
+def usage_rows(
+    storage: Storage,
+    *,
+    account: str | None = None,
+    period: str | None = None,
+    on_unreadable: Unreadable | None = None,
+) -> list[UnitUsage]:
     """Every account with a key or with usage in the period: an account no key names any
     more (its keys moved to another) still shows what it used."""
     period = period or billing_period(int(time.time() * 1000))
-    policies = account_policies(storage)
+    policies = account_policies(storage, on_unreadable)
     stored = _period_counters(storage, period)
     names = set(policies) | {name for name, kind in stored if kind in (PAGEVIEW_UNIT, COVERAGE_UNIT)}
     rows = []
@@ -88,7 +103,7 @@ def usage_rows(storage: Storage, *, account: str | None = None, period: str | No
     return rows
 
 
-def invoice_lines(storage: Storage, period: str) -> list[InvoiceLine]:
+def invoice_lines(storage: Storage, period: str, on_unreadable: Unreadable | None = None) -> list[InvoiceLine]:
     """Overage priced in whole blocks (spec 8.4).
 
     The overage billed is what was served as overage: the units admitted
@@ -99,9 +114,9 @@ def invoice_lines(storage: Storage, period: str) -> list[InvoiceLine]:
     has none: it is priced with the account's current terms, as before.
     """
     lines = []
-    policies = account_policies(storage)
+    policies = account_policies(storage, on_unreadable)
     stored = _period_counters(storage, period)
-    for row in usage_rows(storage, period=period):
+    for row in usage_rows(storage, period=period, on_unreadable=lambda key, error: None):  # reported above
         policy = policies.get(row.account)
         served = stored.get((row.account, row.unit + counters.OVERAGE_SUFFIX))
         if served is not None:

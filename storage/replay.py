@@ -13,15 +13,18 @@ conflict. Chunks draw on no usage counter and never enter the outbox.
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import msgspec
 
 from storage.bounded_keys import bounded_key
 from storage.env import Storage
-from storage.errors import mapped_lmdb_errors
+from storage.errors import UNREADABLE_RECORD, mapped_lmdb_errors
 from storage.writer import JobRefused, WriteContext
+
+log = logging.getLogger("collector.replay")
 
 SWEEP_POS = b"replay_sweep_pos"
 
@@ -128,10 +131,16 @@ class StoreChunk:
         db = ctx.dbs.replay
         raw = ctx.txn.get(self.key, db=db)
         if raw is not None:
-            head = decode_head(raw)
-            if head.content_hash != self.content_hash:
-                raise JobRefused(ChunkConflict(self.session_id, self.seq))
-            return StoredChunk(head.receipt_id, True)
+            try:
+                head = decode_head(raw)
+            except UNREADABLE_RECORD as exc:
+                # Damaged on disk: stored afresh (a 503 would come back on every retry
+                # of this chunk); `collector check` lists such records.
+                log.error("replay chunk %s/%d did not decode (%s); storing it afresh", self.session_id, self.seq, exc)
+            else:
+                if head.content_hash != self.content_hash:
+                    raise JobRefused(ChunkConflict(self.session_id, self.seq))
+                return StoredChunk(head.receipt_id, True)
         receipt = f"rply_{ctx.storage.node_id}{os.urandom(6).hex()}"
         record = ReplayRecord(
             ctx.now_ms,
@@ -145,19 +154,29 @@ class StoreChunk:
         return StoredChunk(receipt, False)
 
 
+ChunkId = tuple[str, str, str, int]  # clientId, siteId, sessionId, seq
+
+
 def iter_session(
-    storage: Storage, session_id: str, client_id: str | None = None, chunk: int = 64
-) -> Iterator[tuple[tuple[str, str, str, int], ReplayRecord]]:
+    storage: Storage,
+    session_id: str,
+    client_id: str | None = None,
+    chunk: int = 64,
+    *,
+    on_unreadable: Callable[[ChunkId, Exception], None] | None = None,
+) -> Iterator[tuple[ChunkId, ReplayRecord]]:
     """Every chunk of `session_id` (of one client, or of all), in key order.
 
     Reads `chunk` records per snapshot, so a slow reader never holds a read
     transaction open. With a client the scan covers that client's chunks only;
-    without one it walks the whole replay database (an operator tool).
+    without one it walks the whole replay database (an operator tool). A
+    chunk that does not decode goes to `on_unreadable` and is skipped; without
+    it the error is raised.
     """
     prefix = f"{client_id}\x00".encode() if client_id is not None else b""
     after: bytes | None = None
     while True:
-        rows: list[tuple[tuple[str, str, str, int], ReplayRecord]] = []
+        rows: list[tuple[ChunkId, ReplayRecord | Exception]] = []
         with mapped_lmdb_errors(), storage.read() as txn:
             cursor = txn.cursor(db=storage.dbs.replay)
             positioned = cursor.set_range(after or prefix) if (after or prefix) else cursor.first()
@@ -171,8 +190,18 @@ def iter_session(
                 after = key
                 parts = split_key(key)
                 if parts is not None and key[:-9] == _session_part(parts[0], parts[1], session_id):
-                    rows.append(((parts[0], parts[1], session_id, parts[3]), decode(cursor.value())))
+                    try:
+                        record: ReplayRecord | Exception = decode(cursor.value())
+                    except UNREADABLE_RECORD as exc:
+                        record = exc
+                    rows.append(((parts[0], parts[1], session_id, parts[3]), record))
                 positioned = cursor.next()
-        yield from rows
+        for where, found in rows:  # reported outside the read transaction
+            if not isinstance(found, Exception):
+                yield where, found
+            elif on_unreadable is None:
+                raise found
+            else:
+                on_unreadable(where, found)
         if not positioned:
             return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import trio
@@ -176,3 +177,37 @@ async def test_an_idempotency_record_that_does_not_decode_refuses_nothing(server
     # and its record is whole again: the next retry is a duplicate
     again = await server.client.post("/v1/events", json={"events": events}, headers=H)
     assert again.json()["duplicates"] == 2
+
+
+async def test_a_replay_chunk_that_does_not_decode_is_skipped_and_stored_afresh(server: RunningServer) -> None:
+    # replay dump printed a traceback and none of the session; POST answered 503
+    # for that chunk on every retry (found by audit helper-32).
+    from storage.replay import chunk_key
+    from tests.e2e.test_replay import chunk, send
+
+    for seq in range(3):
+        assert (await send(server, chunk(seq, session="rs"))).status_code == 202
+    rewrite_stored(server.data_dir, "replay", chunk_key("acme", "web", "rs", 1), value=b"garbage")
+    status, out, err = await trio.to_thread.run_sync(
+        lambda: cli("replay", "dump", "--session", "rs", data_dir=server.data_dir))
+    assert status == 1 and [json.loads(line)["seq"] for line in out.splitlines()] == [0, 2]
+    assert err.count("\n") == 1 and "replay chunk acme/web/rs/1 does not decode" in err, err
+    again = await send(server, chunk(1, session="rs"))
+    assert again.status_code == 202 and again.json()["duplicate"] is False, again.text
+    status, out, _ = await trio.to_thread.run_sync(
+        lambda: cli("replay", "dump", "--session", "rs", data_dir=server.data_dir))
+    assert status == 0 and [json.loads(line)["seq"] for line in out.splitlines()] == [0, 1, 2]
+
+
+async def test_a_key_record_that_does_not_decode_is_skipped_by_the_listing_commands(server: RunningServer) -> None:
+    # usage show and invoice printed a traceback (found by audit helper-32).
+    await committed(server, 2)
+    rewrite_stored(server.data_dir, "keys", b"cs_live_readonly0000", value=b"garbage")
+    period = time.strftime("%Y-%m", time.gmtime(server.clock()))
+    for argv in (["tenants", "list"], ["usage", "show", "--period", period], ["usage", "invoice", "--period", period]):
+        status, out, err = await trio.to_thread.run_sync(lambda argv=argv: cli(*argv, data_dir=server.data_dir))
+        assert status == 1 and out, (argv, status, out, err)
+        assert err.count("\n") == 1 and "key record cs_live_read... does not decode" in err, (argv, err)
+    status, out, _ = await trio.to_thread.run_sync(
+        lambda: cli("usage", "show", "--period", period, data_dir=server.data_dir))
+    assert any(json.loads(line)["account"] == "acme" and json.loads(line)["used"] == 2 for line in out.splitlines())
