@@ -95,7 +95,7 @@ def merged(
     stored = decode(stored_raw, now_ms=now_ms)
     newer = candidate if candidate.at_ms >= stored.at_ms else stored
     identity, identity_at = _later_choice(
-        stored.identity_resolution, stored.identity_time(), candidate.identity_resolution, candidate.at_ms
+        stored.identity_resolution, stored.identity_time(), candidate.identity_resolution, candidate.identity_time()
     )
     sharing, sharing_at = _later_choice(
         stored.third_party_sharing, stored.sharing_time(), candidate.third_party_sharing, candidate.at_ms

@@ -60,3 +60,26 @@ def rewrite_stored(data_dir: Path, db: str, key: bytes, *, spoil: bytes = b"", v
         [sys.executable, "-c", _REWRITE, str(data_dir), db, key.hex(), spoil.hex(), value.hex()],
         check=True, capture_output=True, timeout=60,
     )
+
+
+_READ = """
+import sys
+import lmdb
+
+path, name, key = sys.argv[1], sys.argv[2], bytes.fromhex(sys.argv[3])
+env = lmdb.open(path, max_dbs=32, map_size=0, readonly=True, lock=True)
+db = env.open_db(name.encode(), create=False)
+with env.begin() as txn:
+    value = txn.get(key, db=db)
+sys.stdout.write(value.hex() if value is not None else "")
+env.close()
+"""
+
+
+def read_stored(data_dir: Path, db: str, key: bytes) -> bytes | None:
+    """One stored value, read from another process (see rewrite_stored); None when absent."""
+    result = subprocess.run(
+        [sys.executable, "-c", _READ, str(data_dir), db, key.hex()],
+        check=True, capture_output=True, timeout=60, text=True,
+    )
+    return bytes.fromhex(result.stdout) if result.stdout else None

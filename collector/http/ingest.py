@@ -311,7 +311,8 @@ def _candidate(client_id: str, site_id: str, ev: AcceptedEvent) -> Candidate:
         *facts,
         consent_key=consent_key(client_id, site_id, state.visitor_id),
         consent_state=RecordedConsent(
-            state.at_ms, state.analytics, state.identityResolution, state.thirdPartySharing, state.eid
+            state.at_ms, state.analytics, state.identityResolution, state.thirdPartySharing, state.eid,
+            identity_at_ms=state.identity_at_ms,
         ),
         legacy_hash=ev.legacy_hash,
     )

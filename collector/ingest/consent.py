@@ -16,9 +16,11 @@
 - A decision's time is `consent.timestamp`, else the event's timestamp; one
   more than the allowed skew ahead of the server clock (or absurd) is the time
   of receipt, so a fast client clock cannot pin the record against every later
-  decision (spec 2.2: the server overrides a skewed timestamp). One more than
-  the skew behind is the time of receipt when it denies identity resolution
-  (a slow clock must not lose a denial), its own when it grants.
+  decision (spec 2.2: the server overrides a skewed timestamp). The identity
+  choice of a decision more than the skew behind is dated at receipt when it
+  is a denial (a slow clock must not lose a denial), at its time when it is a
+  grant; within one request a later decision's identity choice is dated no
+  earlier than an earlier one's.
 Pure functions; the recorded state is looked up by the caller.
 """
 
@@ -62,6 +64,7 @@ class ConsentState(msgspec.Struct, frozen=True, omit_defaults=True):
     eid: str
     identityResolution: bool | None = None
     thirdPartySharing: bool | None = None
+    identity_at_ms: int = -1  # when its identity choice counts as made (see identity_time); -1: at_ms
 
 
 def consent_drop_reason(event: AnyEvent, strict: bool) -> str | None:
@@ -104,24 +107,45 @@ def decision_time(event: ConsentTransition, now_ms: int) -> int:
         at = event.timestamp
     if not 0 <= at <= now_ms + SKEW_MS:  # also inf and 4,000-digit integers
         return now_ms if at > 0 else 0
-    if at < now_ms - SKEW_MS and consent is not None and consent.identityResolution is False:
-        # A slow clock or a queued decision: which, the server cannot tell. A
-        # denial is dated at receipt, so it is not lost to a grant it followed
-        # (spec 2.2 overrides the timestamp); a grant keeps its stated time,
-        # so a queued one cannot undo a newer denial.
-        return now_ms
     return int(at)
 
 
-def state_of(event: ConsentTransition, eid: str, now_ms: int) -> ConsentState | None:
+def identity_time(event: ConsentTransition, at_ms: int, now_ms: int) -> int:
+    """When the decision's identity-resolution choice counts as made.
+
+    Its decision time, except for a denial more than the skew behind the
+    server clock: a slow clock or a queued decision, which the server cannot
+    tell apart. Such a denial is dated at receipt, so it is not lost to a
+    grant it followed (spec 2.2 overrides the timestamp); a grant keeps its
+    time, so a queued one cannot undo a newer denial. Only this choice moves:
+    the decision's analytics and sharing choices keep its time.
+    """
+    consent = event.consent
+    if consent is not None and consent.identityResolution is False and at_ms < now_ms - SKEW_MS:
+        return now_ms
+    return at_ms
+
+
+def state_of(
+    event: ConsentTransition, eid: str, now_ms: int, earlier: IdentityConsent | None = None
+) -> ConsentState | None:
+    """The decision as recorded. `earlier`: the same visitor's decisions earlier in
+    the request, combined: a request's transitions are in the order the visitor
+    made them, so a later one's identity choice is dated no earlier than theirs
+    (and wins the tie)."""
     consent = event.consent
     if consent is None:
         return None
+    at_ms = decision_time(event, now_ms)
+    identity_at = identity_time(event, at_ms, now_ms)
+    if earlier is not None and consent.identityResolution is not None:
+        identity_at = max(identity_at, earlier.at_ms)
     return ConsentState(
         visitor_id=event.visitorId,
         analytics=consent.analytics,
-        at_ms=decision_time(event, now_ms),
+        at_ms=at_ms,
         eid=eid,
         identityResolution=consent.identityResolution,
         thirdPartySharing=consent.thirdPartySharing,
+        identity_at_ms=identity_at,
     )

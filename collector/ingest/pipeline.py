@@ -380,11 +380,12 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
             )
         consent_state = None
         if isinstance(event, ConsentTransition):
-            consent_state = state_of(event, eid, ctx.now_ms)
+            visitor = event.visitorId
+            consent_state = state_of(event, eid, ctx.now_ms, decided.get(visitor))
             if consent_state is not None:
-                visitor = event.visitorId
                 decided[visitor] = later_identity(
-                    decided.get(visitor), IdentityConsent(consent_state.at_ms, consent_state.identityResolution)
+                    decided.get(visitor),
+                    IdentityConsent(consent_state.identity_at_ms, consent_state.identityResolution),
                 )
         accepted.append(
             AcceptedEvent(

@@ -16,8 +16,9 @@ from pathlib import Path
 import httpx
 import trio
 
+from storage import consent as consent_store
 from tests.conftest import STAMP, RunningServer, pageview, start_server
-from tests.helpers import outbox_dump, run_cli
+from tests.helpers import outbox_dump, read_stored, run_cli
 
 KEY = "cs_live_privacy00000"
 STRICT = "cs_live_strict000000"
@@ -173,6 +174,28 @@ async def test_consent_decisions_in_order_in_time_and_in_part(nursery: trio.Nurs
         await consent({"visitorId": visitor, "timestamp": now - 3_600_000,
                        "consent": {"analytics": True, "identityResolution": second}})
         assert await identity_dropped(visitor, f"id-{visitor}") is dropped, visitor
+    # Only the identity choice is re-dated: the late decision's analytics and sharing
+    # grants do not undo the newer refusals (review helper-34).
+    await consent({"visitorId": "va", "timestamp": now - 60_000,
+                   "consent": {"analytics": False, "thirdPartySharing": False}})
+    await consent({"visitorId": "va", "timestamp": now - 3_600_000,
+                   "consent": {"analytics": True, "identityResolution": False, "thirdPartySharing": True}})
+    raw = await trio.to_thread.run_sync(
+        lambda: read_stored(server.data_dir, "consent", consent_store.consent_key("acme", "web", "va")))
+    assert raw is not None
+    state = consent_store.decode_strict(raw)
+    assert (state.analytics, state.third_party_sharing, state.identity_resolution) == (False, False, False), state
+    # A queued denial, then the visitor's later grant, in one request: the grant is the latest.
+    queued = {"events": [
+        {"type": "_consent_transition", "_eid": "ct-q1", "visitorId": "vo", "sessionId": "s1",
+         "timestamp": now - 600_000, "consent": {"analytics": True, "identityResolution": False}},
+        {"type": "_consent_transition", "_eid": "ct-q2", "visitorId": "vo", "sessionId": "s1",
+         "timestamp": now - 540_000, "consent": {"analytics": True, "identityResolution": True}},
+        identify("id-vo", visitorId="vo"),
+    ]}
+    body = (await server.client.post("/v1/events", json=queued, headers=ACME)).json()
+    assert (body["accepted"], body["dropped"]) == (3, 0), body
+    assert not await identity_dropped("vo", "id-vo2")
     # An absurd consent time is the time of receipt, not a 503 for the whole request.
     wild = await server.client.post("/v1/consent", json={"visitorId": "vw", "consent": {"analytics": True,
                                                                                         "timestamp": 1e300}},

@@ -15,6 +15,7 @@ from collector.ingest.consent import (
     decision_time,
     identity_denied,
     later_identity,
+    state_of,
 )
 from collector.ingest.privacy import (
     apply_form_floor,
@@ -191,12 +192,25 @@ def test_a_fast_or_absurd_client_clock_is_the_time_of_receipt() -> None:
     assert at(timestamp=now + 86_400_000, consent={"analytics": True}) == now
     assert at(timestamp=now, consent={"analytics": True, "timestamp": 1e300}) == now
     assert at(timestamp=now, consent={"analytics": True, "timestamp": -5}) == 0
-    # Behind by more than the skew: a denial is dated at receipt, a grant keeps its time.
+    # Behind by more than the skew: a denial's identity choice is dated at receipt, a
+    # grant's keeps its time, and the decision itself (analytics, sharing) keeps its time.
     hour_ago = now - 3_600_000
-    assert at(timestamp=hour_ago, consent={"analytics": True, "identityResolution": False}) == now
-    assert at(timestamp=now, consent={"analytics": True, "identityResolution": False, "timestamp": hour_ago}) == now
-    assert at(timestamp=hour_ago, consent={"analytics": True, "identityResolution": True}) == hour_ago
-    assert at(timestamp=now - 60_000, consent={"analytics": True, "identityResolution": False}) == now - 60_000
+
+    def state(earlier: IdentityConsent | None = None, **fields: object):  # type: ignore[no-untyped-def]
+        return state_of(decode(type="_consent_transition", page=None, **fields), "e", now, earlier)
+
+    denial = state(timestamp=hour_ago, consent={"analytics": True, "identityResolution": False})
+    assert (denial.at_ms, denial.identity_at_ms) == (hour_ago, now)
+    stated = state(timestamp=now, consent={"analytics": True, "identityResolution": False, "timestamp": hour_ago})
+    assert (stated.at_ms, stated.identity_at_ms) == (hour_ago, now)
+    grant = state(timestamp=hour_ago, consent={"analytics": True, "identityResolution": True})
+    assert (grant.at_ms, grant.identity_at_ms) == (hour_ago, hour_ago)
+    recent = state(timestamp=now - 60_000, consent={"analytics": True, "identityResolution": False})
+    assert recent.identity_at_ms == now - 60_000
+    # Later in the same request: dated no earlier than the request's earlier choice.
+    after = state(IdentityConsent(now, False), timestamp=now - 540_000,
+                  consent={"analytics": True, "identityResolution": True})
+    assert (after.at_ms, after.identity_at_ms) == (now - 540_000, now)
 
 
 def test_sealing_binds_value_to_its_place() -> None:
