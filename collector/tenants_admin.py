@@ -49,6 +49,8 @@ def import_tenants(storage: Storage, data: bytes) -> list[KeyRecord]:
     a leaked key).
     """
     records = parse_tenants_file(data)
+    moved: dict[str, str] = {}
+    period = time.strftime("%Y-%m", time.gmtime())
 
     def update(stored: dict[str, bytes]) -> dict[str, bytes]:
         # A stored record that does not decode is left as it is (`collector
@@ -58,6 +60,8 @@ def import_tenants(storage: Storage, data: bytes) -> list[KeyRecord]:
         changed = {record.key for record in records}
         for record in records:
             old = merged.get(record.key)
+            if old is not None and old.billing_account != record.billing_account:
+                moved[record.clientId] = period
             if old is not None and old.revokedAt:
                 record = msgspec.structs.replace(
                     record, revokedAt=old.revokedAt, replacedBy=record.replacedBy or old.replacedBy
@@ -69,7 +73,7 @@ def import_tenants(storage: Storage, data: bytes) -> list[KeyRecord]:
             changed |= _apply_account_terms(merged, account, [r for r in records if r.billing_account == account])
         return {key: encode_record(merged[key]) for key in changed}
 
-    key_store.update_keys(storage, update)
+    key_store.update_keys(storage, update, lambda: moved)
     return records
 
 

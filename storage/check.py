@@ -12,9 +12,9 @@ with tenants and periods, not with events), and reports:
   unit). Counters are keyed by billing account, so only a client whose every
   key bills into its own clientId is compared (other clients pooling into it
   only raise its counter); other clients are skipped with a note. A client
-  whose account changed during a period counted some of its events into the
-  other account: its shortfall is a note while the period's counters of the
-  unit, all accounts together, hold every unit the outbox does. Counters
+  whose billing account changed (an import records the period) counted its
+  earlier events into the account of their time: its shortfall in that period
+  or before is a note. Counters
   may legitimately be higher: retention removes outbox rows, not counts,
   and signals snapshot reads spend coverage units no outbox event explains;
 - every session-replay chunk has a well-formed key and a record that decodes;
@@ -33,7 +33,7 @@ from typing import Any
 import lmdb
 import msgspec
 
-from storage import consent, counters, idempotency, outbox, replay, visitors
+from storage import consent, counters, idempotency, keys, outbox, replay, visitors
 from storage.audit import verify_chain
 from storage.env import Storage
 from storage.errors import UNREADABLE_RECORD, mapped_lmdb_errors
@@ -217,15 +217,9 @@ class _Checker:
                 self.problem(f"usage counter {'/'.join(parts)} is malformed")
                 continue
             stored[(parts[0], parts[1], parts[2])] = counters.decode_value(value)
-        # A client's billing account may have changed since its events were counted
-        # (into the account of that time): a client's shortfall is damage only when
-        # the period's counters of that unit, all accounts together, fall short too.
-        period_found: Counter[tuple[str, str]] = Counter()
-        for (_, period, unit), found in self.counted.items():
-            period_found[(period, unit)] += found
-        period_stored: Counter[tuple[str, str]] = Counter()
-        for (_, period, unit), have in stored.items():
-            period_stored[(period, unit)] += have
+        # A client whose billing account changed (tenants import records the
+        # period) had its earlier events counted into the account of their time.
+        moves = keys.billing_moves(self.txn, self.dbs.meta)
         skipped: set[str] = set()
         for (client, period, unit), found in sorted(self.counted.items()):
             billed = accounts.get(client)
@@ -242,9 +236,10 @@ class _Checker:
             have = stored.get((client, period, unit), 0)
             if have < found:
                 shortfall = f"counter {client}/{period}/{unit} is {have}, the outbox holds {found}"
-                if period_stored[(period, unit)] >= period_found[(period, unit)]:
+                if period <= moves.get(client, ""):
                     self.report.notes.append(
-                        f"{shortfall}; the period's {unit} counters hold every unit (a billing account changed?)"
+                        f"{shortfall}; its billing account changed in {moves[client]}: events before that"
+                        " are counted in the account of their time"
                     )
                 else:
                     self.problem(shortfall)

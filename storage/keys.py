@@ -28,18 +28,44 @@ def put_keys(storage: Storage, records: Iterable[tuple[str, bytes]]) -> None:
     _in_write_transaction(storage, lambda txn: _put(storage, txn, rows))
 
 
-def update_keys(storage: Storage, update: Callable[[dict[str, bytes]], dict[str, bytes]]) -> None:
+BILLING_MOVED = b"billing_moved\x00"  # meta: + clientId -> the latest period (YYYY-MM) its billing account changed
+
+
+def update_keys(
+    storage: Storage,
+    update: Callable[[dict[str, bytes]], dict[str, bytes]],
+    moved: Callable[[], dict[str, str]] | None = None,
+) -> None:
     """One durable transaction: `update` sees every stored record and returns the rows to write.
 
     For a change that depends on other keys (an import recomputes each billing
     account's terms from all of its keys). `update` may raise to write nothing.
+    `moved`, called after it: clients whose billing account it changed, with
+    the period, recorded for `collector check` (usage counted before a move
+    sits in the account of that time).
     """
 
     def body(txn: lmdb.Transaction) -> None:
         stored = {bytes(k).decode(): bytes(v) for k, v in txn.cursor(db=storage.dbs.keys)}
         _put(storage, txn, update(stored).items())
+        for client, period in (moved() if moved is not None else {}).items():
+            txn.put(BILLING_MOVED + client.encode(), period.encode(), db=storage.dbs.meta)
 
     _in_write_transaction(storage, body)
+
+
+def billing_moves(txn: lmdb.Transaction, meta: lmdb._Database) -> dict[str, str]:
+    """clientId -> the latest period its billing account changed (see update_keys)."""
+    moves: dict[str, str] = {}
+    cursor = txn.cursor(db=meta)
+    positioned = cursor.set_range(BILLING_MOVED)
+    while positioned:
+        key = bytes(cursor.key())
+        if not key.startswith(BILLING_MOVED):
+            break
+        moves[key[len(BILLING_MOVED):].decode(errors="replace")] = bytes(cursor.value()).decode(errors="replace")
+        positioned = cursor.next()
+    return moves
 
 
 def _put(storage: Storage, txn: lmdb.Transaction, rows: Iterable[tuple[str, bytes]]) -> None:

@@ -304,3 +304,22 @@ async def test_an_unreadable_counter_is_503_even_when_nothing_is_admitted(
     assert dropped_only.status_code == 503, dropped_only.text
     assert dropped_only.json()["error"] == "usage_metering_unavailable"
     assert dropped_only.headers["Retry-After"] == "5"
+
+
+async def test_check_explains_usage_counted_before_a_billing_account_change(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # The import records the move; check then notes the client's shortfall instead
+    # of exiting 1 on a healthy directory (audit helper-32).
+    server = await start_server(nursery, tmp_path, TENANTS, key_cache_ttl=0, key_negative_ttl=0)
+    free = dict(TENANTS["keys"][0])  # type: ignore[index]
+    assert (await send(server, FREE, [pageview("m1"), pageview("m2")])).status_code == 202
+    for billing in ("freeco-moved", "freeco"):
+        path = tmp_path / f"{billing}.json"
+        path.write_text(json.dumps({"keys": [{**free, "billingAccount": billing}]}))
+        run_cli("tenants", "import", str(path), data_dir=server.data_dir)
+        assert (await send(server, FREE, [pageview(f"m-{billing}")])).status_code == 202
+    result = run_cli("check", data_dir=server.data_dir, check=False)
+    report = json.loads(result.stdout)
+    assert result.returncode == 0 and report["problems"] == [], result.stdout
+    assert any("its billing account changed in" in note for note in report["notes"]), report["notes"]
