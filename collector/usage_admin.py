@@ -111,7 +111,8 @@ def invoice_lines(storage: Storage, period: str, on_unreadable: Unreadable | Non
     admitted (`<unit>_overage` counters), so terms changed later (overage
     switched off, a new contract, the account's keys moved away) do not
     rewrite a past period. A period metered before those counters existed
-    has none: it is priced with the account's current terms, as before.
+    has none: it is priced with the account's current terms, as before (in
+    the month of an upgrade the counter starts from that figure).
     """
     lines = []
     policies = account_policies(storage, on_unreadable)

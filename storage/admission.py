@@ -238,13 +238,12 @@ class Admission:
                 ]
             )
             if self.included is not None:
-                counters.add_units(txn, dbs, {
-                    counters.overage_key(self.account, self.period, unit): counters.served_overage(
-                        included, used[unit], added[unit]
-                    )
-                    for unit, included in self.included.items()
-                    if added.get(unit)
-                })
+                for unit, included in self.included.items():
+                    if added.get(unit):
+                        counters.add_overage(
+                            txn, dbs, counters.overage_key(self.account, self.period, unit),
+                            included=included, used=used[unit], added=added[unit],
+                        )
         # In-batch duplicates take the receipt of the first occurrence.
         for index in range(count):
             if receipts[index] is None:

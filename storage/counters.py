@@ -77,19 +77,22 @@ def served_overage(included: int, used: int, added: int) -> int:
     return max(0, used + added - max(used, included))
 
 
-def add_units(txn: Any, dbs: Any, increments: dict[bytes, int]) -> None:
-    """Add to counters in a write job. A stored value that is not a counter is
-    left as it is (never guessed at; `collector check` reports it)."""
-    keys = [key for key, amount in increments.items() if amount]
-    if not keys:
+def add_overage(txn: Any, dbs: Any, key: bytes, *, included: int, used: int, added: int) -> None:
+    """In a write job: count the served overage of `added` units (from `used`) on counter `key`.
+
+    A period whose overage began before these counters existed (an upgrade
+    mid-month) has none yet: it starts from the overage its usage shows. A
+    stored value that is not a counter is left as it is (never guessed at;
+    `collector check` reports it).
+    """
+    served = served_overage(included, used, added)
+    if not served:
         return
-    stored = dict(txn.cursor(db=dbs.counters).getmulti(keys))
-    rows = [
-        (key, encode_value(decode_value(stored.get(key)) + increments[key]))
-        for key in keys
-        if is_counter(stored.get(key))
-    ]
-    txn.cursor(db=dbs.counters).putmulti(rows)
+    raw = txn.get(key, db=dbs.counters)
+    if not is_counter(raw):
+        return
+    base = decode_value(raw) if raw is not None else max(0, used - included)
+    txn.put(key, encode_value(base + served), db=dbs.counters)
 
 
 class Spend(msgspec.Struct, frozen=True):
@@ -126,5 +129,5 @@ class SpendUnits:
         ctx.txn.put(self.key, encode_value(used + self.units), db=ctx.dbs.counters)
         if self.overage is not None:
             key, included = self.overage
-            add_units(ctx.txn, ctx.dbs, {key: served_overage(included, used, self.units)})
+            add_overage(ctx.txn, ctx.dbs, key, included=included, used=used, added=self.units)
         return Spend(used + self.units, True)

@@ -346,5 +346,12 @@ def test_units_spent_beyond_the_included_ones_are_counted_as_served_overage(tmp_
         run_job_now(storage, counters.SpendUnits(key, 1, lambda used, more: True))
         assert counters.read_counter(storage, "acme", "2026-11", "coverage_overage") == 4
         assert [counters.served_overage(5, used, 3) for used in (0, 3, 6)] == [0, 1, 3]
+        # A period already past its included units without the counter (metered by a
+        # version before it, review helper-34) starts from the overage its usage shows.
+        old = counters.counter_key("old", "2026-11", "coverage")
+        run_job_now(storage, counters.SpendUnits(old, 8, lambda used, more: True))
+        run_job_now(storage, counters.SpendUnits(old, 2, lambda used, more: True,
+                                                 overage=(counters.overage_key("old", "2026-11", "coverage"), 5)))
+        assert counters.read_counter(storage, "old", "2026-11", "coverage_overage") == 5
     finally:
         storage.close()
