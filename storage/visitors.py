@@ -202,8 +202,10 @@ def page_key(session_id: str, path: str) -> int:
 def _fold_page(pages: list[Page], ev: VisitorEvent) -> Page | None:
     """Credit a pageview or scroll to its page in `pages` (changed in place); the page summed out, if any.
 
-    Times are the client's (0: unknown). A page's order is its pageview's
-    time, else its first event's; the oldest goes when there are too many.
+    Times are the client's (0: unknown). `pages` is kept in the order the
+    pages were last heard of, and the one heard of least recently goes when
+    there are too many: by arrival, not by client time, so a clock that ran
+    fast for a while cannot pin old pages and push every new one out.
     """
     assert ev.page is not None
     session, path, depth, time_on_page = ev.page
@@ -214,16 +216,15 @@ def _fold_page(pages: list[Page], ev: VisitorEvent) -> Page | None:
     for index, (known, seen_view, first, best_depth, best_time) in enumerate(pages):
         if known == key:
             first = min(first, ms) if first and ms else first or ms
-            pages[index] = (key, max(seen_view, view_ms), first, max(best_depth, depth), max(best_time, time_on_page))
+            del pages[index]
+            pages.append((key, max(seen_view, view_ms), first, max(best_depth, depth), max(best_time, time_on_page)))
             return None
     pages.append((key, view_ms, ms, float(depth), time_on_page))
-    if len(pages) <= MAX_PAGES:
-        return None
-    return pages.pop(min(range(len(pages)), key=lambda i: page_order(pages[i])))
+    return pages.pop(0) if len(pages) > MAX_PAGES else None
 
 
 def page_order(page: Page) -> tuple[int, int]:
-    """Older pages first: by pageview time, else first event time."""
+    """Which page is current: the latest by pageview time, else by first event time."""
     return (page[1] or page[2], page[2])
 
 

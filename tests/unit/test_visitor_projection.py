@@ -274,6 +274,17 @@ def test_engagement_does_not_depend_on_arrival_order_or_tabs() -> None:
     assert _figures(record)["averageScrollDepth"] == 100 and _figures(record)["pages"] == 1
 
 
+def test_a_fast_clock_does_not_pin_old_pages() -> None:
+    # Eight pages from a clock a day fast, then the real current page and its
+    # scrolls: it was evicted as soon as it arrived (review helper-34).
+    day = 86_400_000
+    record = merge(None, [_view(day + 1000 * n, f"/fast{n}") for n in range(8)])
+    record = merge(record, [_view(5000, "/now")] + [_scroll(5000 + n, 25 * n, 2000 * n, "/now") for n in range(1, 5)])
+    figures = _figures(record)
+    assert figures["pages"] == 9 and figures["totalTimeOnPageMs"] == 8000
+    assert [page[3:] for page in record.pages if page[1] == 5000] == [(100.0, 8000.0)]
+
+
 def test_only_the_latest_pages_are_kept_apart_and_wild_times_stay_finite() -> None:
     record = merge(None, [_view(1000 * n, f"/p{n}") for n in range(1, 12)])
     record = merge(record, [_scroll(11_500, 50, 1e308, "/p11")])
