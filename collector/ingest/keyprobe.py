@@ -146,9 +146,6 @@ _single_probe = msgspec.json.Decoder(_EventProbe)
 _batch_probe = msgspec.json.Decoder(
     msgspec.defstruct("ProbeBatch", [("events", list[_EventProbe])], forbid_unknown_fields=True)  # type: ignore[valid-type]
 )
-# The names of those attributes as a body spells them: where a raw body may
-# hold a value the probe did not look into.
-OPAQUE_NAMES = tuple(sorted({f'"{name}"'.encode() for names in _OPAQUE.values() for name in names}))
 
 
 def keys_known(body: bytes, *, single: bool) -> bool:

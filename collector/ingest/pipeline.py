@@ -25,7 +25,7 @@ from collector.ingest.consent import (
     later_identity,
     state_of,
 )
-from collector.ingest.keyprobe import OPAQUE_NAMES, keys_known, opaque_values
+from collector.ingest.keyprobe import keys_known, opaque_values
 from collector.ingest.model import (
     AcceptedEvent,
     DroppedEvent,
@@ -243,13 +243,10 @@ def _refuse_known_payment_data(body: bytes, events: list[AnyEvent | EventIssue])
     The probe looked at every member of every object, a repeated key's
     included, except inside values typed Any (identify's `identity`): their
     keys are flagged from their decoded form and, for what a repeated key
-    may hide (an earlier `identity`, or one inside an earlier `events`), from
-    the raw body whenever it names such a field (or could, through a \\u escape).
+    may hide, from the raw body.
     """
     opaque = list(opaque_values(events))  # type: ignore[arg-type]
-    key_candidate = has_card_key(object_keys(opaque)) or (
-        (bool(opaque) or b"\\u" in body or any(name in body for name in OPAQUE_NAMES)) and may_hide_card_key(body)
-    )
+    key_candidate = bool(opaque) and (has_card_key(object_keys(opaque)) or may_hide_card_key(body))
     _refuse(lambda: scan_payment_data(body, card_candidate=has_card_candidate(body), key_candidate=key_candidate))
 
 
