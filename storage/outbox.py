@@ -57,8 +57,10 @@ class OutboxRecord(msgspec.Struct, array_like=True, frozen=True):
     # of one visitor by it (a skewed clock keeps its intervals).
     event_ms: int = 0
     # A pageview's or scroll's (sessionId, page path, depth percent, timeOnPage
-    # ms; 0, 0 for a pageview); only those records carry it.
-    page: tuple[str, str, float, float] | None = None
+    # ms; 0, 0 for a pageview); only those records carry it. Any: a fact of
+    # another shape (a development build wrote (depth, timeOnPage)) must not
+    # make the record unreadable; consumers check it (storage.visitors).
+    page: Any = None
 
 
 class RecordFacts(OutboxRecord, array_like=True, frozen=True):

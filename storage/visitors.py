@@ -267,9 +267,9 @@ class FoldVisitors:
                     if record.event_type == "_consent_transition":
                         continue
                     visitor = record.visitor_id
-                    page = record.page
+                    page = _page_fact(record.page)
                     if page is None and record.event_type in _PAGE_TYPES:
-                        page = _parsed_page(value)  # written before records carried it
+                        page = _parsed_page(value)  # written before records carried it (or bent)
                     event = VisitorEvent(
                         record.committed_ms, record.is_bot, record.bot_category,
                         record.event_type, native, record.event_ms, page,
@@ -303,6 +303,16 @@ _PAGE_TYPES = frozenset({"pageview", "scroll"})
 
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _page_fact(value: Any) -> tuple[str, str, float, float] | None:
+    """A stored page fact when it has the shape the admission writes, else None."""
+    if (
+        isinstance(value, list | tuple) and len(value) == 4 and isinstance(value[0], str)
+        and isinstance(value[1], str) and _is_number(value[2]) and _is_number(value[3])
+    ):
+        return (value[0], value[1], float(value[2]), float(value[3]))
+    return None
 
 
 def _page_of(facts: _EventFacts) -> tuple[str, str, float, float] | None:

@@ -241,7 +241,7 @@ def test_admission_encodings_match_the_record_structs() -> None:
     assert outbox.encode_fields(scrolled) == outbox.encode(outbox.OutboxRecord(*scrolled))
     # Records of other events end before the page fact: they read as its default.
     assert outbox.decode(outbox.encode_fields(fields)) == outbox.OutboxRecord(*fields)
-    assert outbox.decode_facts(outbox.encode_fields(scrolled)).page == ("s1", "/pricing", 75.0, 1200.0)
+    assert outbox.decode_facts(outbox.encode_fields(scrolled)).page == ["s1", "/pricing", 75.0, 1200.0]
     ledger = (b"h" * 16, "rcpt_ab000000000001", 123)
     assert idempotency.encode_fields(ledger) == idempotency.encode(idempotency.IdempotencyRecord(*ledger))
     for node in ("ab12cd34", "odd%node"):

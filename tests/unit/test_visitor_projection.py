@@ -151,14 +151,20 @@ def test_page_facts_fold_from_new_and_old_records(tmp_path: Path) -> None:
         # With the page fact: trusted as it is.
         fields = ("rcpt_x000000000003", "acme", "web", "e3", 4000, "browser", b"{}", "reader", "scroll",
                   False, "human", 4000, ("s1", "/a", 75.0, 9000.0))
+        # A fact of another shape (a development build's (depth, time)): the event is read.
+        event = json.dumps({"type": "scroll", "visitorId": "reader", "sessionId": "s2", "page": {"path": "/c"},
+                            "depth": 90, "timeOnPage": 500}).encode()
+        bent = ("rcpt_x000000000004", "acme", "web", "e4", 5000, "browser", event, "reader", "scroll",
+                False, "human", 5000, (90.0, 500.0))
         with storage.env.begin(write=True) as txn:
             txn.put(outbox.seq_key(2), outbox.encode_fields(facts), db=storage.dbs.outbox)
             txn.put(outbox.seq_key(3), outbox.encode_fields(fields), db=storage.dbs.outbox)
-            txn.put(outbox.NEXT_SEQ, (4).to_bytes(8, "big"), db=storage.dbs.meta)
-        assert _fold(storage, batch=10).folded == 3
+            txn.put(outbox.seq_key(4), outbox.encode_fields(bent), db=storage.dbs.outbox)
+            txn.put(outbox.NEXT_SEQ, (5).to_bytes(8, "big"), db=storage.dbs.meta)
+        assert _fold(storage, batch=10).folded == 4
         [(_, _, record)] = iter_visitors(storage, "reader")
-        assert sorted(page[3:] for page in record.pages) == [(25.0, 1000.0), (75.0, 9000.0)]
-        assert record.types == {"scroll": 3}
+        assert sorted(page[3:] for page in record.pages) == [(25.0, 1000.0), (75.0, 9000.0), (90.0, 500.0)]
+        assert record.types == {"scroll": 4}
     finally:
         storage.close()
 
