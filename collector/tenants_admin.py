@@ -77,6 +77,25 @@ def import_tenants(storage: Storage, data: bytes) -> list[KeyRecord]:
     return records
 
 
+def settle_account_suspension(storage: Storage) -> None:
+    """Give every key of a billing account with a suspended live key `accountSuspended`.
+
+    Imports keep it so; this settles records an older version imported (it
+    suspended the key named only), at every start of `serve`.
+    """
+
+    def update(stored: dict[str, bytes]) -> dict[str, bytes]:
+        records = [record for raw in stored.values() if (record := _readable(raw)) is not None]
+        suspended = {r.billing_account for r in records if r.suspended and not r.revokedAt}
+        return {
+            r.key: encode_record(msgspec.structs.replace(r, accountSuspended=True))
+            for r in records
+            if r.billing_account in suspended and not r.accountSuspended
+        }
+
+    key_store.update_keys(storage, update)
+
+
 def _follow_rotation(merged: dict[str, KeyRecord], record: KeyRecord, *, named: set[str]) -> set[str]:
     """Give the keys that replaced `record` by rotation its settings from the file; those keys.
 

@@ -81,7 +81,7 @@ def prepare_storage(settings: Settings) -> None:
     """Open the environment once before the children: format check, migrations, tenants."""
     from collector.app import open_storage
     from collector.demo import DEMO_TENANTS
-    from collector.tenants_admin import import_tenants
+    from collector.tenants_admin import import_tenants, settle_account_suspension
 
     storage = open_storage(settings)
     try:
@@ -89,6 +89,7 @@ def prepare_storage(settings: Settings) -> None:
             import_tenants(storage, DEMO_TENANTS)
         if settings.tenants:
             import_tenants(storage, Path(settings.tenants).read_bytes())
+        settle_account_suspension(storage)
     finally:
         storage.close()
 

@@ -117,3 +117,30 @@ async def test_metrics_show_group_commit_and_meters(nursery: trio.Nursery, tmp_p
     assert values["collector_outbox_entries"] == 50
     assert values["collector_commit_group_size_count"] >= 1
     assert values["collector_commit_seconds_count"] >= 1
+
+
+async def test_serve_settles_a_suspension_recorded_by_an_older_version(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # An older version's import suspended the key it named only; serve now gives the
+    # account's other keys the suspension as it starts (audit helper-35).
+    import json as _json
+
+    from collector.tenants_admin import import_tenants, list_records
+    from storage.env import Storage
+    from storage.keys import put_keys
+
+    storage = Storage(tmp_path / "data")
+    try:
+        import_tenants(storage, _json.dumps(TENANTS).encode())
+        records = list_records(storage)
+        put_keys(storage, [
+            (r.key, _json.dumps({"key": r.key, "clientId": r.clientId, "keyType": str(r.key_type),
+                                 "sites": [{"siteId": s.siteId, "domains": list(s.domains)} for s in r.sites],
+                                 "suspended": r.key == MOBILE_KEY}).encode())
+            for r in records
+        ])
+    finally:
+        storage.close()
+    server = await start_server(nursery, tmp_path, {"keys": []}, key_cache_ttl=0)  # an import of nothing
+    refused = await server.client.post("/v1/events", json=pageview("s1"),
+                                       headers={"X-API-Key": BROWSER_KEY, "Origin": "https://acme.com"})
+    assert (refused.status_code, refused.json()["error"]) == (403, "account_suspended"), refused.text

@@ -127,3 +127,25 @@ def test_import_notes_a_pageview_ceiling_that_does_nothing(tmp_path: Path) -> No
         assert _idle_pageview_ceilings(list_records(storage)) == ["f", "q"]
     finally:
         storage.close()
+
+
+def test_serve_settles_a_suspension_an_older_version_recorded(tmp_path: Path) -> None:
+    # An older version stored `suspended` on the key named only; the new gate reads
+    # `accountSuspended`, which only a new import set (audit helper-35).
+    import msgspec
+
+    from collector.access.tenants import encode_record
+    from collector.tenants_admin import settle_account_suspension
+    from storage.keys import put_keys
+
+    storage = Storage(tmp_path)
+    try:
+        _import(storage, SERVER, {**SERVER, "key": "cs_live_terms_web0", "keyType": "browser"})
+        older = [msgspec.structs.replace(r, suspended=r.key == SERVER["key"], accountSuspended=False)
+                 for r in list_records(storage)]
+        put_keys(storage, [(r.key, encode_record(r)) for r in older])
+        assert [r.is_suspended for r in list_records(storage)] == [False, True]  # (sorted: cs_live first)
+        settle_account_suspension(storage)
+        assert all(r.is_suspended for r in list_records(storage))
+    finally:
+        storage.close()
