@@ -36,7 +36,13 @@ from collector.http.write_route import (
 from collector.ingest import decompress_body, prepare_batch, refuse_payment_data
 from collector.ingest.bots import request_evidence
 from collector.ingest.consent import IdentityConsent
-from collector.ingest.model import AcceptedEvent, IngestContext, MeterKind, PreparedBatch
+from collector.ingest.model import (
+    AcceptedEvent,
+    DroppedEvent,
+    IngestContext,
+    MeterKind,
+    PreparedBatch,
+)
 from collector.limits.rates import ingest_scope
 from collector.limits.usage import (
     COVERAGE_UNIT,
@@ -60,7 +66,7 @@ from storage.admission import (
 )
 from storage.consent import RecordedConsent, consent_key, read_consent
 from storage.errors import StorageError
-from storage.idempotency import public_ledger_key
+from storage.idempotency import public_ledger_key, stored_receipts
 from storage.outbox import event_time
 from storage.writer import JobRefused
 
@@ -200,8 +206,11 @@ async def _ingest(
         result = AdmissionResult([], [], None)
         usage = _current_usage(services, policy, period)
     headers.extend(usage_headers(policy, usage))
-    duplicates = sum(result.duplicate)
-    accepted = len(prepared.accepted) - duplicates
+    replayed = _replayed_drops(services, record.clientId, prepared, now_ms)
+    if replayed:
+        prepared = msgspec.structs.replace(prepared, dropped=[ev for ev in prepared.dropped if ev not in replayed])
+    duplicates = sum(result.duplicate) + len(replayed)
+    accepted = len(prepared.accepted) + len(replayed) - duplicates
     metrics = services.metrics
     metrics.count_events("accepted", accepted)
     metrics.count_events("duplicate", duplicates)
@@ -222,11 +231,32 @@ async def _ingest(
         "errors": _event_errors(prepared),
         "billing": billing_block(policy, usage),
         "delivery": "durable_outbox",
-        "receiptIds": result.receipt_ids,
-        "ledgerKeys": [public_ledger_key(record.clientId, ev.eid) for ev in prepared.accepted],
+        "receiptIds": result.receipt_ids + list(replayed.values()),
+        "ledgerKeys": [public_ledger_key(record.clientId, ev.eid) for ev in prepared.accepted]
+        + [public_ledger_key(record.clientId, ev.eid) for ev in replayed if ev.eid],
         "timestamp": now_ms,
     }
     return 202, _encoder.encode(body_out)
+
+
+def _replayed_drops(
+    services: Services, client_id: str, prepared: PreparedBatch, now_ms: int
+) -> dict[DroppedEvent, str]:
+    """Dropped events that are the exact replay of one stored before, with its receipt.
+
+    An identify stored, then a consent denial, then the identify's retry (its
+    first 202 lost): the retry is dropped by the denial, yet spec 4.1 rule 4
+    makes an exact replay a duplicate. A read of the ledger, nothing written.
+    """
+    candidates = [ev for ev in prepared.dropped if ev.eid and ev.content_hash is not None]
+    if not candidates:
+        return {}
+    receipts = stored_receipts(
+        services.storage, client_id,
+        [(ev.eid, ev.content_hash, ev.legacy_hash) for ev in candidates],  # type: ignore[misc]
+        now_ms=now_ms, window_ms=int(services.settings.idempotency_window_hours * 3_600_000),
+    )
+    return {ev: receipt for ev, receipt in zip(candidates, receipts, strict=True) if receipt is not None}
 
 
 async def _admit(

@@ -91,6 +91,10 @@ class DroppedEvent(msgspec.Struct, frozen=True):
     index: int
     eid: str | None
     reason: str  # for example "consent_missing", "checkout_form"
+    # An identify dropped for denied identity consent: its content hashes (as
+    # AcceptedEvent's), so the retry of one stored before the denial is a duplicate.
+    content_hash: bytes | None = None
+    legacy_hash: bytes | None = None
 
 
 class PreparedBatch(msgspec.Struct, frozen=True):

@@ -280,6 +280,25 @@ def readable_client_time(timestamp: int | float | None) -> int | float | None:
     return timestamp
 
 
+def _content_hashes(event: AnyEvent, ctx: IngestContext) -> tuple[bytes, bytes, bytes | None]:
+    """(the event's JSON as sent, its content hash, the previous version's hash when it differs).
+
+    The idempotency hash covers the event as the client sent it; key order
+    inside its free-form maps (form values, identity) is not content.
+    """
+    client_json = _encoder.encode(event)
+    if ctx.content_identity is not None:
+        legacy = ctx.legacy_identity
+        return (
+            client_json,
+            xxhash.xxh3_128_digest(ctx.content_identity),
+            xxhash.xxh3_128_digest(legacy) if legacy is not None else None,
+        )
+    if isinstance(event, Form | Identify) and (canonical := _identity_encoder.encode(event)) != client_json:
+        return client_json, xxhash.xxh3_128_digest(canonical), xxhash.xxh3_128_digest(client_json)
+    return client_json, xxhash.xxh3_128_digest(client_json), None
+
+
 def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
     """Validate a request body; raises ServiceError for request-level refusals."""
     header_key = ctx.idempotency_key.strip() if ctx.idempotency_key is not None else None
@@ -337,21 +356,16 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
             floor = apply_form_floor(event)
             drop, to_store, withheld = floor.drop_reason, floor.form, floor.withheld
         if drop is not None:
-            dropped.append(DroppedEvent(index, eid, drop))
+            if drop == "identity_consent_denied":
+                # It may be the retry of an identify stored before the denial: an
+                # exact replay is a duplicate (spec 4.1 rule 4), which the caller
+                # tells by its ledger record.
+                _, content_hash, legacy_hash = _content_hashes(event, ctx)
+                dropped.append(DroppedEvent(index, eid, drop, content_hash, legacy_hash))
+            else:
+                dropped.append(DroppedEvent(index, eid, drop))
             continue
-        # The idempotency hash covers the event as the client sent it; key order
-        # inside its free-form maps (form values, identity) is not content.
-        client_json = _encoder.encode(event)
-        legacy_hash = None
-        if ctx.content_identity is not None:
-            content_hash = xxhash.xxh3_128_digest(ctx.content_identity)
-            if ctx.legacy_identity is not None:
-                legacy_hash = xxhash.xxh3_128_digest(ctx.legacy_identity)
-        elif isinstance(event, Form | Identify) and (canonical := _identity_encoder.encode(event)) != client_json:
-            content_hash = xxhash.xxh3_128_digest(canonical)
-            legacy_hash = xxhash.xxh3_128_digest(client_json)
-        else:
-            content_hash = xxhash.xxh3_128_digest(client_json)
+        client_json, content_hash, legacy_hash = _content_hashes(event, ctx)
         if isinstance(to_store, Form | Identify):
             to_store = seal_sensitive(to_store, ctx.sealer, ctx.client_id, eid)
         client_ts = None

@@ -138,6 +138,28 @@ async def test_consent_route_records_and_denies_identity(nursery: trio.Nursery, 
     assert "page" not in transition  # type: ignore[operator]
 
 
+async def test_the_retry_of_an_identify_stored_before_a_denial_is_a_duplicate(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # Spec 4.1 rule 4: its first 202 lost, the retry was reported dropped although the
+    # event is stored (audits helper-33, helper-35).
+    server = await started(nursery, tmp_path)
+    first = (await server.client.post("/v1/events", json=identify("id-r", visitorId="vr"), headers=ACME)).json()
+    assert first["accepted"] == 1
+    denial = {"visitorId": "vr", "timestamp": STAMP, "consent": {"analytics": True, "identityResolution": False}}
+    assert (await server.client.post("/v1/consent", json=denial, headers=ACME)).status_code == 202
+    batch = {"events": [identify("id-r", visitorId="vr"), identify("id-new", visitorId="vr"), pageview("pv-r")]}
+    body = (await server.client.post("/v1/events", json=batch, headers=ACME)).json()
+    assert (body["received"], body["accepted"], body["duplicates"], body["dropped"]) == (3, 1, 1, 1), body
+    assert first["receiptIds"][0] in body["receiptIds"] and len(body["receiptIds"]) == 2
+    assert [e["index"] for e in body["errors"]] == [1]
+    assert sorted(body["ledgerKeys"]) == ["acme/id-r", "acme/pv-r"]
+    # Changed content under the same id is not a replay: it stays dropped.
+    changed = identify("id-r", visitorId="vr", hemMd5="b" * 32)
+    body = (await server.client.post("/v1/events", json=changed, headers=ACME)).json()
+    assert (body["duplicates"], body["dropped"]) == (0, 1), body
+
+
 async def test_consent_decisions_in_order_in_time_and_in_part(nursery: trio.Nursery, tmp_path: Path) -> None:
     server = await started(nursery, tmp_path)
     now = STAMP
