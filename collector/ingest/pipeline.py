@@ -280,6 +280,16 @@ def readable_client_time(timestamp: int | float | None) -> int | float | None:
     return timestamp
 
 
+def _last_identity_choices(events: list[AnyEvent | EventIssue]) -> dict[str, int]:
+    """visitorId -> index of the request's last transition that states an identity choice."""
+    last: dict[str, int] = {}
+    for index, event in enumerate(events):
+        consent = event.consent if isinstance(event, ConsentTransition) else None
+        if consent is not None and consent.identityResolution is not None:
+            last[event.visitorId] = index  # type: ignore[union-attr]
+    return last
+
+
 def _content_hashes(event: AnyEvent, ctx: IngestContext) -> tuple[bytes, bytes, bytes | None]:
     """(the event's JSON as sent, its content hash, the previous version's hash when it differs).
 
@@ -328,6 +338,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
     missing_ids: list[int] = []
     verdicts: dict[object, BotInfo] = {}
     decided: dict[str, IdentityConsent] = {}  # this request's consent transitions so far, by visitor
+    last_identity_choice = _last_identity_choices(events)
     strict_consent = ctx.strict_consent
     for index, event in enumerate(events):
         if isinstance(event, EventIssue):
@@ -395,7 +406,8 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
         consent_state = None
         if isinstance(event, ConsentTransition):
             visitor = event.visitorId
-            consent_state = state_of(event, eid, ctx.now_ms, decided.get(visitor))
+            superseded = index < last_identity_choice.get(visitor, -1)
+            consent_state = state_of(event, eid, ctx.now_ms, superseded=superseded)
             if consent_state is not None:
                 decided[visitor] = later_identity(
                     decided.get(visitor),

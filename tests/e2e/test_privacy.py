@@ -218,6 +218,17 @@ async def test_consent_decisions_in_order_in_time_and_in_part(nursery: trio.Nurs
     body = (await server.client.post("/v1/events", json=queued, headers=ACME)).json()
     assert (body["accepted"], body["dropped"]) == (3, 0), body
     assert not await identity_dropped("vo", "id-vo2")
+    # ... but such a queued pair does not undo a newer recorded denial (review helper-36).
+    await consent({"visitorId": "vn", "timestamp": now - 120_000,
+                   "consent": {"analytics": True, "identityResolution": False}})
+    pair = {"events": [
+        {"type": "_consent_transition", "_eid": "ct-n1", "visitorId": "vn", "sessionId": "s1",
+         "timestamp": now - 3_600_000, "consent": {"analytics": True, "identityResolution": False}},
+        {"type": "_consent_transition", "_eid": "ct-n2", "visitorId": "vn", "sessionId": "s1",
+         "timestamp": now - 3_000_000, "consent": {"analytics": True, "identityResolution": True}},
+    ]}
+    assert (await server.client.post("/v1/events", json=pair, headers=ACME)).json()["accepted"] == 2
+    assert await identity_dropped("vn", "id-vn")
     # An absurd consent time is the time of receipt, not a 503 for the whole request.
     wild = await server.client.post("/v1/consent", json={"visitorId": "vw", "consent": {"analytics": True,
                                                                                         "timestamp": 1e300}},

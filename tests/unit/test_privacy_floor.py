@@ -196,8 +196,8 @@ def test_a_fast_or_absurd_client_clock_is_the_time_of_receipt() -> None:
     # grant's keeps its time, and the decision itself (analytics, sharing) keeps its time.
     hour_ago = now - 3_600_000
 
-    def state(earlier: IdentityConsent | None = None, **fields: object):  # type: ignore[no-untyped-def]
-        return state_of(decode(type="_consent_transition", page=None, **fields), "e", now, earlier)
+    def state(superseded: bool = False, **fields: object):  # type: ignore[no-untyped-def]
+        return state_of(decode(type="_consent_transition", page=None, **fields), "e", now, superseded=superseded)
 
     denial = state(timestamp=hour_ago, consent={"analytics": True, "identityResolution": False})
     assert (denial.at_ms, denial.identity_at_ms) == (hour_ago, now)
@@ -207,10 +207,9 @@ def test_a_fast_or_absurd_client_clock_is_the_time_of_receipt() -> None:
     assert (grant.at_ms, grant.identity_at_ms) == (hour_ago, hour_ago)
     recent = state(timestamp=now - 60_000, consent={"analytics": True, "identityResolution": False})
     assert recent.identity_at_ms == now - 60_000
-    # Later in the same request: dated no earlier than the request's earlier choice.
-    after = state(IdentityConsent(now, False), timestamp=now - 540_000,
-                  consent={"analytics": True, "identityResolution": True})
-    assert (after.at_ms, after.identity_at_ms) == (now - 540_000, now)
+    # Followed in the same request by another identity choice: keeps its time.
+    earlier = state(True, timestamp=hour_ago, consent={"analytics": True, "identityResolution": False})
+    assert (earlier.at_ms, earlier.identity_at_ms) == (hour_ago, hour_ago)
 
 
 def test_sealing_binds_value_to_its_place() -> None:
