@@ -50,7 +50,7 @@ from collector.services import Services, wall_clock
 from collector.settings import Settings, SettingsError, load_cidrs
 from collector.signals.projection import VisitorProjection
 from collector.tenants_admin import import_tenants, settle_account_suspension
-from storage.counters import iter_counters
+from storage.counters import iter_counters, mark_overage_counting
 from storage.env import Storage
 from storage.errors import StorageError
 from storage.outbox import last_seq
@@ -256,6 +256,7 @@ async def serve(
             # start-up, before anything serves: a blocking read is fine here
             import_tenants(storage, Path(settings.tenants).read_bytes())  # noqa: ASYNC240
         settle_account_suspension(storage)  # (idempotent: writes only what an older import left)
+        mark_overage_counting(storage, billing_period(int(clock() * 1000)))
         services = build_services(settings, storage, clock, worker_index=worker_index)
         app = build_asgi(services)
         async with trio.open_nursery() as outer:

@@ -81,7 +81,9 @@ def prepare_storage(settings: Settings) -> None:
     """Open the environment once before the children: format check, migrations, tenants."""
     from collector.app import open_storage
     from collector.demo import DEMO_TENANTS
+    from collector.limits.usage import billing_period
     from collector.tenants_admin import import_tenants, settle_account_suspension
+    from storage.counters import mark_overage_counting
 
     storage = open_storage(settings)
     try:
@@ -90,6 +92,7 @@ def prepare_storage(settings: Settings) -> None:
         if settings.tenants:
             import_tenants(storage, Path(settings.tenants).read_bytes())
         settle_account_suspension(storage)
+        mark_overage_counting(storage, billing_period(int(time.time() * 1000)))
     finally:
         storage.close()
 

@@ -242,7 +242,7 @@ class Admission:
                     if added.get(unit):
                         counters.add_overage(
                             txn, dbs, counters.overage_key(self.account, self.period, unit),
-                            included=included, used=used[unit], added=added[unit],
+                            included=included, used=used[unit], added=added[unit], period=self.period,
                         )
         # In-batch duplicates take the receipt of the first occurrence.
         for index in range(count):

@@ -77,13 +77,25 @@ def served_overage(included: int, used: int, added: int) -> int:
     return max(0, used + added - max(used, included))
 
 
-def add_overage(txn: Any, dbs: Any, key: bytes, *, included: int, used: int, added: int) -> None:
+OVERAGE_COUNTED_FROM = b"overage_counted_from"  # meta: the period overage counters began in this directory
+
+
+def mark_overage_counting(storage: Storage, period: str) -> None:
+    """Record the period from which this directory counts served overage (once; `serve` at start)."""
+    with mapped_lmdb_errors(), storage.env.begin(write=True) as txn:
+        if txn.get(OVERAGE_COUNTED_FROM, db=storage.dbs.meta) is None:
+            txn.put(OVERAGE_COUNTED_FROM, period.encode(), db=storage.dbs.meta)
+
+
+def add_overage(txn: Any, dbs: Any, key: bytes, *, included: int, used: int, added: int, period: str) -> None:
     """In a write job: count the served overage of `added` units (from `used`) on counter `key`.
 
-    A period whose overage began before these counters existed (an upgrade
-    mid-month) has none yet: it starts from the overage its usage shows. A
-    stored value that is not a counter is left as it is (never guessed at;
-    `collector check` reports it).
+    In the period the counters began (an upgrade mid-month), overage served
+    before them has no counter yet: the first write starts from the overage
+    the usage shows. Later periods start from 0 (an allowance lowered before
+    any overage was served does not make earlier units overage). A stored
+    value that is not a counter is left as it is (never guessed at; `collector
+    check` reports it).
     """
     served = served_overage(included, used, added)
     if not served:
@@ -91,7 +103,11 @@ def add_overage(txn: Any, dbs: Any, key: bytes, *, included: int, used: int, add
     raw = txn.get(key, db=dbs.counters)
     if not is_counter(raw):
         return
-    base = decode_value(raw) if raw is not None else max(0, used - included)
+    if raw is not None:
+        base = decode_value(raw)
+    else:
+        began = txn.get(OVERAGE_COUNTED_FROM, db=dbs.meta)
+        base = max(0, used - included) if began is None or bytes(began).decode() == period else 0
     txn.put(key, encode_value(base + served), db=dbs.counters)
 
 
@@ -113,10 +129,14 @@ class SpendUnits:
     __slots__ = ("key", "units", "allow", "overage")
 
     def __init__(
-        self, key: bytes, units: int, allow: Callable[[int, int], bool], overage: tuple[bytes, int] | None = None
+        self,
+        key: bytes,
+        units: int,
+        allow: Callable[[int, int], bool],
+        overage: tuple[bytes, int, str] | None = None,
     ) -> None:
-        """`overage`: (its counter, the included units) when paid overage is on: units spent
-        beyond the included ones are added to it too (an invoice bills them)."""
+        """`overage`: (its counter, the included units, the period) when paid overage is on:
+        units spent beyond the included ones are added to it too (an invoice bills them)."""
         self.key, self.units, self.allow, self.overage = key, units, allow, overage
 
     def run(self, ctx: WriteContext) -> Spend:
@@ -128,6 +148,6 @@ class SpendUnits:
             return Spend(used, False)
         ctx.txn.put(self.key, encode_value(used + self.units), db=ctx.dbs.counters)
         if self.overage is not None:
-            key, included = self.overage
-            add_overage(ctx.txn, ctx.dbs, key, included=included, used=used, added=self.units)
+            key, included, period = self.overage
+            add_overage(ctx.txn, ctx.dbs, key, included=included, used=used, added=self.units, period=period)
         return Spend(used + self.units, True)

@@ -148,7 +148,7 @@ async def _spend_coverage(
             counters.SpendUnits(
                 key, units, lambda used, more: coverage_read_allowed(policy, used, more),
                 overage=(
-                    (counters.overage_key(policy.account, period, COVERAGE_UNIT), policy.coverage_included)
+                    (counters.overage_key(policy.account, period, COVERAGE_UNIT), policy.coverage_included, period)
                     if policy.overage
                     else None
                 ),

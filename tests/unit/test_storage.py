@@ -338,7 +338,8 @@ def test_units_spent_beyond_the_included_ones_are_counted_as_served_overage(tmp_
     try:
         key, over = counters.counter_key("acme", "2026-11", "coverage"), counters.overage_key("acme", "2026-11", "coverage")
         for units in (3, 3, 3):  # 9 units, 5 included: the second spend crosses, the third is all overage
-            spend = run_job_now(storage, counters.SpendUnits(key, units, lambda used, more: True, overage=(over, 5)))
+            spend = run_job_now(storage, counters.SpendUnits(key, units, lambda used, more: True,
+                                                             overage=(over, 5, "2026-11")))
             assert spend.spent
         assert counters.read_counter(storage, "acme", "2026-11", "coverage") == 9
         assert counters.read_counter(storage, "acme", "2026-11", "coverage_overage") == 4
@@ -350,8 +351,17 @@ def test_units_spent_beyond_the_included_ones_are_counted_as_served_overage(tmp_
         # version before it, review helper-34) starts from the overage its usage shows.
         old = counters.counter_key("old", "2026-11", "coverage")
         run_job_now(storage, counters.SpendUnits(old, 8, lambda used, more: True))
+        counters.mark_overage_counting(storage, "2026-11")
+        counters.mark_overage_counting(storage, "2026-12")  # (the first period stays)
         run_job_now(storage, counters.SpendUnits(old, 2, lambda used, more: True,
-                                                 overage=(counters.overage_key("old", "2026-11", "coverage"), 5)))
+                                                 overage=(counters.overage_key("old", "2026-11", "coverage"), 5, "2026-11")))
         assert counters.read_counter(storage, "old", "2026-11", "coverage_overage") == 5
+        # In a later period, units served as included before the allowance was lowered
+        # are not overage (review helper-36).
+        later = counters.counter_key("old", "2026-12", "coverage")
+        run_job_now(storage, counters.SpendUnits(later, 8, lambda used, more: True))
+        run_job_now(storage, counters.SpendUnits(later, 2, lambda used, more: True,
+                                                 overage=(counters.overage_key("old", "2026-12", "coverage"), 5, "2026-12")))
+        assert counters.read_counter(storage, "old", "2026-12", "coverage_overage") == 2
     finally:
         storage.close()
