@@ -219,7 +219,6 @@ class _Checker:
             stored[(parts[0], parts[1], parts[2])] = counters.decode_value(value)
         # A client whose billing account changed (tenants import records the
         # period) had its earlier events counted into the account of their time.
-        moves = keys.billing_moves(self.txn, self.dbs.meta)
         skipped: set[str] = set()
         for (client, period, unit), found in sorted(self.counted.items()):
             billed = accounts.get(client)
@@ -236,9 +235,10 @@ class _Checker:
             have = stored.get((client, period, unit), 0)
             if have < found:
                 shortfall = f"counter {client}/{period}/{unit} is {have}, the outbox holds {found}"
-                if period <= moves.get(client, ""):
+                moved = keys.billing_move(self.txn, self.dbs.meta, client)
+                if period <= moved:
                     self.report.notes.append(
-                        f"{shortfall}; its billing account changed in {moves[client]}: events before that"
+                        f"{shortfall}; its billing account changed in {moved}: events before that"
                         " are counted in the account of their time"
                     )
                 else:

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import lmdb
 
+from storage.bounded_keys import bounded_key
 from storage.env import Storage
 from storage.errors import mapped_lmdb_errors
 
@@ -49,23 +50,20 @@ def update_keys(
         stored = {bytes(k).decode(): bytes(v) for k, v in txn.cursor(db=storage.dbs.keys)}
         _put(storage, txn, update(stored).items())
         for client, period in (moved() if moved is not None else {}).items():
-            txn.put(BILLING_MOVED + client.encode(), period.encode(), db=storage.dbs.meta)
+            txn.put(moved_key(client), period.encode(), db=storage.dbs.meta)
 
     _in_write_transaction(storage, body)
 
 
-def billing_moves(txn: lmdb.Transaction, meta: lmdb._Database) -> dict[str, str]:
-    """clientId -> the latest period its billing account changed (see update_keys)."""
-    moves: dict[str, str] = {}
-    cursor = txn.cursor(db=meta)
-    positioned = cursor.set_range(BILLING_MOVED)
-    while positioned:
-        key = bytes(cursor.key())
-        if not key.startswith(BILLING_MOVED):
-            break
-        moves[key[len(BILLING_MOVED):].decode(errors="replace")] = bytes(cursor.value()).decode(errors="replace")
-        positioned = cursor.next()
-    return moves
+def moved_key(client_id: str) -> bytes:
+    """The meta key of a client's billing move (a clientId of 128 four-byte characters is digested)."""
+    return bounded_key(BILLING_MOVED.decode(), client_id)
+
+
+def billing_move(txn: lmdb.Transaction, meta: lmdb._Database, client_id: str) -> str:
+    """The latest period the client's billing account changed, "" when never (see update_keys)."""
+    raw = txn.get(moved_key(client_id), db=meta)
+    return bytes(raw).decode(errors="replace") if raw is not None else ""
 
 
 def _put(storage: Storage, txn: lmdb.Transaction, rows: Iterable[tuple[str, bytes]]) -> None:

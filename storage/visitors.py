@@ -204,8 +204,9 @@ def _fold_page(pages: list[Page], ev: VisitorEvent) -> Page | None:
 
     Times are the client's (0: unknown). `pages` is kept in the order the
     pages were last heard of, and the one heard of least recently goes when
-    there are too many: by arrival, not by client time, so a clock that ran
-    fast for a while cannot pin old pages and push every new one out.
+    there are too many (the current page excepted): by arrival, not by client
+    time, so a clock that ran fast for a while cannot pin old pages and push
+    every new one out.
     """
     assert ev.page is not None
     session, path, depth, time_on_page = ev.page
@@ -220,7 +221,12 @@ def _fold_page(pages: list[Page], ev: VisitorEvent) -> Page | None:
             pages.append((key, max(seen_view, view_ms), first, max(best_depth, depth), max(best_time, time_on_page)))
             return None
     pages.append((key, view_ms, ms, float(depth), time_on_page))
-    return pages.pop(0) if len(pages) > MAX_PAGES else None
+    if len(pages) <= MAX_PAGES:
+        return None
+    # The least recently heard of, but never the current page (the snapshot's
+    # scrollDepth and timeOnPageMs are its figures).
+    current = max(range(len(pages)), key=lambda i: page_order(pages[i]))
+    return pages.pop(1 if current == 0 else 0)
 
 
 def page_order(page: Page) -> tuple[int, int]:

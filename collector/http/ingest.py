@@ -211,6 +211,14 @@ async def _ingest(
         prepared = msgspec.structs.replace(prepared, dropped=[ev for ev in prepared.dropped if ev not in replayed])
     duplicates = sum(result.duplicate) + len(replayed)
     accepted = len(prepared.accepted) + len(replayed) - duplicates
+    receipts = result.receipt_ids
+    ledger_keys = [public_ledger_key(record.clientId, ev.eid) for ev in prepared.accepted]
+    if replayed:  # one receipt and ledger key per stored event, in request order (README)
+        ordered = sorted(
+            [(ev.index, receipt, key) for ev, receipt, key in zip(prepared.accepted, receipts, ledger_keys, strict=True)]
+            + [(ev.index, receipt, public_ledger_key(record.clientId, ev.eid or "")) for ev, receipt in replayed.items()]
+        )
+        receipts, ledger_keys = [receipt for _, receipt, _ in ordered], [key for _, _, key in ordered]
     metrics = services.metrics
     metrics.count_events("accepted", accepted)
     metrics.count_events("duplicate", duplicates)
@@ -231,9 +239,8 @@ async def _ingest(
         "errors": _event_errors(prepared),
         "billing": billing_block(policy, usage),
         "delivery": "durable_outbox",
-        "receiptIds": result.receipt_ids + list(replayed.values()),
-        "ledgerKeys": [public_ledger_key(record.clientId, ev.eid) for ev in prepared.accepted]
-        + [public_ledger_key(record.clientId, ev.eid) for ev in replayed if ev.eid],
+        "receiptIds": receipts,
+        "ledgerKeys": ledger_keys,
         "timestamp": now_ms,
     }
     return 202, _encoder.encode(body_out)

@@ -149,3 +149,20 @@ def test_serve_settles_a_suspension_an_older_version_recorded(tmp_path: Path) ->
         assert all(r.is_suspended for r in list_records(storage))
     finally:
         storage.close()
+
+
+def test_a_billing_move_of_the_longest_client_id_is_recorded(tmp_path: Path) -> None:
+    # The meta key was the raw clientId: 128 four-byte characters passed LMDB's
+    # 511-byte limit and the whole import failed (review helper-36).
+    from storage.keys import billing_move
+
+    client = "\U0001F600" * 128
+    key = {"key": "cs_live_longclient", "clientId": client, "sites": [{"siteId": "web"}]}
+    storage = Storage(tmp_path)
+    try:
+        _import(storage, key)
+        _import(storage, {**key, "billingAccount": "elsewhere"})
+        with storage.read() as txn:
+            assert billing_move(txn, storage.dbs.meta, client) != ""
+    finally:
+        storage.close()

@@ -291,6 +291,16 @@ def test_a_fast_clock_does_not_pin_old_pages() -> None:
     assert [page[3:] for page in record.pages if page[1] == 5000] == [(100.0, 8000.0)]
 
 
+def test_queued_old_pages_never_push_out_the_current_one() -> None:
+    # The current page, then an offline queue of 8 pageviews an hour old: the
+    # current page was summed out and the snapshot read 0 (review helper-36).
+    hour = 3_600_000
+    record = merge(None, [_view(2 * hour, "/current"), _scroll(2 * hour + 5000, 90, 40_000, "/current")])
+    record = merge(record, [_view(hour + n, f"/queued{n}") for n in range(8)])
+    figures = _figures(record)
+    assert (figures["scrollDepth"], figures["timeOnPageMs"], figures["pages"]) == (90, 40_000, 9)
+
+
 def test_only_the_latest_pages_are_kept_apart_and_wild_times_stay_finite() -> None:
     record = merge(None, [_view(1000 * n, f"/p{n}") for n in range(1, 12)])
     record = merge(record, [_scroll(11_500, 50, 1e308, "/p11")])
