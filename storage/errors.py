@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
 
 import lmdb
 import msgspec
@@ -45,3 +46,21 @@ def mapped_lmdb_errors() -> Iterator[None]:
         raise StorageError(str(exc)) from exc
     except OSError as exc:
         raise StorageError(str(exc)) from exc
+
+
+W = TypeVar("W")
+R = TypeVar("R")
+
+
+def readable_rows(
+    rows: Iterable[tuple[W, R | Exception]], on_unreadable: Callable[[W, Exception], None] | None
+) -> Iterator[tuple[W, R]]:
+    """The rows a scan decoded; a row that did not decode goes to `on_unreadable`
+    (where, error), or is raised without it. Called outside the read transaction."""
+    for where, found in rows:
+        if not isinstance(found, Exception):
+            yield where, found
+        elif on_unreadable is None:
+            raise found
+        else:
+            on_unreadable(where, found)

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from storage.env import Storage
-from storage.errors import UNREADABLE_RECORD, mapped_lmdb_errors
+from storage.errors import UNREADABLE_RECORD, mapped_lmdb_errors, readable_rows
 
 NEXT_SEQ = b"outbox_next_seq"
 
@@ -160,13 +160,7 @@ def iter_outbox(
                     rows.append((int.from_bytes(key, "big"), _decoded(value)))
                     if len(rows) >= take:
                         break
-        for seq, record in rows:  # reported outside the read transaction
-            if not isinstance(record, Exception):
-                yield seq, record
-            elif on_unreadable is None:
-                raise record
-            else:
-                on_unreadable(seq, record)
+        yield from readable_rows(rows, on_unreadable)  # reported outside the read transaction
         if len(rows) < take:
             return
         after = rows[-1][0]

@@ -21,7 +21,7 @@ import msgspec
 
 from storage.bounded_keys import bounded_key
 from storage.env import Storage
-from storage.errors import UNREADABLE_RECORD, mapped_lmdb_errors
+from storage.errors import UNREADABLE_RECORD, mapped_lmdb_errors, readable_rows
 from storage.writer import JobRefused, WriteContext
 
 log = logging.getLogger("collector.replay")
@@ -196,12 +196,6 @@ def iter_session(
                         record = exc
                     rows.append(((parts[0], parts[1], session_id, parts[3]), record))
                 positioned = cursor.next()
-        for where, found in rows:  # reported outside the read transaction
-            if not isinstance(found, Exception):
-                yield where, found
-            elif on_unreadable is None:
-                raise found
-            else:
-                on_unreadable(where, found)
+        yield from readable_rows(rows, on_unreadable)  # reported outside the read transaction
         if not positioned:
             return
