@@ -19,8 +19,9 @@
   decision (spec 2.2: the server overrides a skewed timestamp). The identity
   choice of a decision more than the skew behind is dated at receipt when it
   is a denial (a slow clock must not lose a denial), at its time when it is a
-  grant; only a visitor's last identity choice in a request can be so dated
-  (an earlier one in the same request keeps its time).
+  grant. A request's transitions are in the order the visitor made them: its
+  latest identity choice replaces the earlier ones for the rest of the
+  request, and earlier ones are stored dated no later than the last.
 Pure functions; the recorded state is looked up by the caller.
 """
 
@@ -126,20 +127,13 @@ def identity_time(event: ConsentTransition, at_ms: int, now_ms: int) -> int:
     return at_ms
 
 
-def state_of(event: ConsentTransition, eid: str, now_ms: int, *, superseded: bool = False) -> ConsentState | None:
-    """The decision as recorded.
-
-    `superseded`: a later transition of the same request states the visitor's
-    identity choice again. A request's transitions are in the order the
-    visitor made them, so only the last choice may be dated at receipt
-    (identity_time): an earlier one keeps its time and cannot outrank the
-    choice that followed it.
-    """
+def state_of(event: ConsentTransition, eid: str, now_ms: int) -> ConsentState | None:
+    """The decision as recorded (as the visitor's latest; see pipeline._order_identity_choices)."""
     consent = event.consent
     if consent is None:
         return None
     at_ms = decision_time(event, now_ms)
-    identity_at = at_ms if superseded else identity_time(event, at_ms, now_ms)
+    identity_at = identity_time(event, at_ms, now_ms)
     return ConsentState(
         visitor_id=event.visitorId,
         analytics=consent.analytics,

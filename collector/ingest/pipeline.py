@@ -22,7 +22,6 @@ from collector.ingest.consent import (
     IdentityConsent,
     consent_drop_reason,
     identity_denied,
-    later_identity,
     state_of,
 )
 from collector.ingest.keyprobe import keys_known, opaque_values
@@ -280,14 +279,31 @@ def readable_client_time(timestamp: int | float | None) -> int | float | None:
     return timestamp
 
 
-def _last_identity_choices(events: list[AnyEvent | EventIssue]) -> dict[str, int]:
-    """visitorId -> index of the request's last transition that states an identity choice."""
-    last: dict[str, int] = {}
-    for index, event in enumerate(events):
-        consent = event.consent if isinstance(event, ConsentTransition) else None
-        if consent is not None and consent.identityResolution is not None:
-            last[event.visitorId] = index  # type: ignore[union-attr]
-    return last
+def _order_identity_choices(accepted: list[AcceptedEvent], choices: dict[str, dict[str, int]]) -> None:
+    """Date a request's earlier identity choices no later than its last one, per visitor (in place).
+
+    The transitions of one request are in the order the visitor made them, and
+    the stored record merges them by time: an earlier choice dated later than
+    the last (a clock stepping back) would outrank it. Only the last may have
+    been dated at receipt (consent.identity_time); the earlier ones keep their
+    time, at most the last one's (a tie goes to the later arrival). Choices are
+    those of accepted transitions, an in-batch repeat counted once.
+    """
+    for positions in choices.values():
+        if len(positions) < 2:
+            continue
+        *earlier, last = positions.values()
+        last_state = accepted[last].consent_state
+        assert last_state is not None
+        for position in earlier:
+            event = accepted[position]
+            state = event.consent_state
+            assert state is not None
+            at = min(state.at_ms, last_state.identity_at_ms)
+            if at != state.identity_at_ms:
+                accepted[position] = msgspec.structs.replace(
+                    event, consent_state=msgspec.structs.replace(state, identity_at_ms=at)
+                )
 
 
 def _content_hashes(event: AnyEvent, ctx: IngestContext) -> tuple[bytes, bytes, bytes | None]:
@@ -337,8 +353,8 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
     dropped: list[DroppedEvent] = []
     missing_ids: list[int] = []
     verdicts: dict[object, BotInfo] = {}
-    decided: dict[str, IdentityConsent] = {}  # this request's consent transitions so far, by visitor
-    last_identity_choice = _last_identity_choices(events)
+    decided: dict[str, IdentityConsent] = {}  # this request's latest identity choice so far, by visitor
+    identity_choices: dict[str, dict[str, int]] = {}  # visitor -> eid -> its position in `accepted`
     strict_consent = ctx.strict_consent
     for index, event in enumerate(events):
         if isinstance(event, EventIssue):
@@ -406,13 +422,13 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
         consent_state = None
         if isinstance(event, ConsentTransition):
             visitor = event.visitorId
-            superseded = index < last_identity_choice.get(visitor, -1)
-            consent_state = state_of(event, eid, ctx.now_ms, superseded=superseded)
-            if consent_state is not None:
-                decided[visitor] = later_identity(
-                    decided.get(visitor),
-                    IdentityConsent(consent_state.identity_at_ms, consent_state.identityResolution),
-                )
+            consent_state = state_of(event, eid, ctx.now_ms)
+            if consent_state is not None and consent_state.identityResolution is not None:
+                # A request's transitions are in the order the visitor made them:
+                # its latest identity choice so far replaces the earlier ones.
+                decided[visitor] = IdentityConsent(consent_state.identity_at_ms, consent_state.identityResolution)
+                stated = identity_choices.setdefault(visitor, {})
+                stated.setdefault(eid, len(accepted))  # (an in-batch repeat is the same decision)
         accepted.append(
             AcceptedEvent(
                 index,
@@ -430,6 +446,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
                 page=_page_fact(event),
             )
         )
+    _order_identity_choices(accepted, identity_choices)
     if missing_ids:
         raise ServiceError(
             "idempotency_required",

@@ -229,6 +229,26 @@ async def test_consent_decisions_in_order_in_time_and_in_part(nursery: trio.Nurs
     ]}
     assert (await server.client.post("/v1/events", json=pair, headers=ACME)).json()["accepted"] == 2
     assert await identity_dropped("vn", "id-vn")
+
+    # What the last choice of a request is (review helper-37): a later transition that
+    # is rejected, or an in-batch repeat, does not take a late denial's receipt date;
+    # a clock stepping back inside one request does not let an earlier grant win.
+    def transition(eid: str, visitor: str, at: int, identity: bool, **extra: object) -> dict[str, object]:
+        return {"type": "_consent_transition", "_eid": eid, "visitorId": visitor, "sessionId": "s1",
+                "timestamp": at, "consent": {"analytics": True, "identityResolution": identity}, **extra}
+
+    cases = {
+        "vx": [transition("x1", "vx", now - 3_600_000, False),
+               transition("x2", "vx", now - 3_000_000, True, page={"path": "/x", "title": "X"})],  # rejected
+        "vd": [transition("d1", "vd", now - 3_600_000, False), transition("d1", "vd", now - 3_600_000, False)],
+        "vb": [transition("b1", "vb", now - 60_000, True), transition("b2", "vb", now - 120_000, False)],
+    }
+    for visitor, events in cases.items():
+        await consent({"visitorId": visitor, "timestamp": now - 600_000,
+                       "consent": {"analytics": True, "identityResolution": True}})
+        response = await server.client.post("/v1/events", json={"events": events}, headers=ACME)
+        assert response.status_code == 202, response.text
+        assert await identity_dropped(visitor, f"id-{visitor}"), visitor
     # An absurd consent time is the time of receipt, not a 503 for the whole request.
     wild = await server.client.post("/v1/consent", json={"visitorId": "vw", "consent": {"analytics": True,
                                                                                         "timestamp": 1e300}},

@@ -196,8 +196,8 @@ def test_a_fast_or_absurd_client_clock_is_the_time_of_receipt() -> None:
     # grant's keeps its time, and the decision itself (analytics, sharing) keeps its time.
     hour_ago = now - 3_600_000
 
-    def state(superseded: bool = False, **fields: object):  # type: ignore[no-untyped-def]
-        return state_of(decode(type="_consent_transition", page=None, **fields), "e", now, superseded=superseded)
+    def state(**fields: object):  # type: ignore[no-untyped-def]
+        return state_of(decode(type="_consent_transition", page=None, **fields), "e", now)
 
     denial = state(timestamp=hour_ago, consent={"analytics": True, "identityResolution": False})
     assert (denial.at_ms, denial.identity_at_ms) == (hour_ago, now)
@@ -207,9 +207,6 @@ def test_a_fast_or_absurd_client_clock_is_the_time_of_receipt() -> None:
     assert (grant.at_ms, grant.identity_at_ms) == (hour_ago, hour_ago)
     recent = state(timestamp=now - 60_000, consent={"analytics": True, "identityResolution": False})
     assert recent.identity_at_ms == now - 60_000
-    # Followed in the same request by another identity choice: keeps its time.
-    earlier = state(True, timestamp=hour_ago, consent={"analytics": True, "identityResolution": False})
-    assert (earlier.at_ms, earlier.identity_at_ms) == (hour_ago, hour_ago)
 
 
 def test_sealing_binds_value_to_its_place() -> None:
