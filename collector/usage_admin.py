@@ -112,18 +112,21 @@ def invoice_lines(storage: Storage, period: str, on_unreadable: Unreadable | Non
     switched off, a new contract, the account's keys moved away) do not
     rewrite a past period. A period metered before those counters existed
     has none: it is priced with the account's current terms, as before (in
-    the month of an upgrade the counter starts from that figure).
+    the month of an upgrade the counter starts from that figure). In a later
+    period a missing counter means that no overage was served.
     """
     lines = []
     policies = account_policies(storage, on_unreadable)
     stored = _period_counters(storage, period)
+    began = counters.overage_counted_from(storage)
+    counted = began is not None and period > began  # a missing counter then means no overage served
     for row in usage_rows(storage, period=period, on_unreadable=lambda key, error: None):  # reported above
         policy = policies.get(row.account)
         served = stored.get((row.account, row.unit + counters.OVERAGE_SUFFIX))
         if served is not None:
             overage = served
         elif policy is not None and policy.overage and row.included is not None:
-            overage = max(0, row.used - row.included)
+            overage = 0 if counted else max(0, row.used - row.included)
         else:
             continue
         size, price = (

@@ -87,6 +87,13 @@ def mark_overage_counting(storage: Storage, period: str) -> None:
             txn.put(OVERAGE_COUNTED_FROM, period.encode(), db=storage.dbs.meta)
 
 
+def overage_counted_from(storage: Storage) -> str | None:
+    """The period this directory began counting served overage in (None: it has not yet)."""
+    with mapped_lmdb_errors(), storage.read() as txn:
+        raw = txn.get(OVERAGE_COUNTED_FROM, db=storage.dbs.meta)
+    return bytes(raw).decode(errors="replace") if raw is not None else None
+
+
 def add_overage(txn: Any, dbs: Any, key: bytes, *, included: int, used: int, added: int, period: str) -> None:
     """In a write job: count the served overage of `added` units (from `used`) on counter `key`.
 

@@ -323,3 +323,22 @@ async def test_check_explains_usage_counted_before_a_billing_account_change(
     report = json.loads(result.stdout)
     assert result.returncode == 0 and report["problems"] == [], result.stdout
     assert any("its billing account changed in" in note for note in report["notes"]), report["notes"]
+
+
+async def test_a_lowered_allowance_does_not_turn_served_units_into_overage(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # In a period after the one the overage counters began in, a period without
+    # the counter served no overage: lowering the contract afterwards bills
+    # nothing (review helper-37; it priced used - included).
+    server = await start_server(nursery, tmp_path, TENANTS)  # serve marks the current period
+    server.clock.fixed = calendar.timegm((2099, 1, 15, 12, 0, 0))
+    stamp = int(server.clock() * 1000)
+    served = await send(server, PAID, [pageview(f"l{i}", timestamp=stamp) for i in range(20)])
+    assert served.headers["X-Service-Billing-Mode"] == "full"
+    paid = dict(TENANTS["keys"][2])  # type: ignore[index]
+    lowered = tmp_path / "lowered.json"
+    lowered.write_text(json.dumps({"keys": [{**paid, "contract": {"monthlyPageviews": 5, "pageviewCeiling": 150}}]}))
+    run_cli("tenants", "import", str(lowered), data_dir=server.data_dir)
+    invoice = [json.loads(line) for line in
+               run_cli("usage", "invoice", "--period", "2099-01", data_dir=server.data_dir).stdout.splitlines()]
+    line = next(row for row in invoice if row.get("account") == "paidco" and row.get("unit") == "pageview")
+    assert (line["used"], line["overage"], line["amount_usd"]) == (20, 0, 0), line

@@ -363,5 +363,6 @@ def test_units_spent_beyond_the_included_ones_are_counted_as_served_overage(tmp_
         run_job_now(storage, counters.SpendUnits(later, 2, lambda used, more: True,
                                                  overage=(counters.overage_key("old", "2026-12", "coverage"), 5, "2026-12")))
         assert counters.read_counter(storage, "old", "2026-12", "coverage_overage") == 2
+        assert counters.overage_counted_from(storage) == "2026-11"
     finally:
         storage.close()
