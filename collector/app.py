@@ -269,7 +269,7 @@ async def serve(
                 await outer.start(services.projection.run)
                 sweep = RetentionSweep(
                     outbox_retention_ms=int(settings.outbox_retention_hours * 3_600_000),
-                    idempotency_window_ms=int(settings.idempotency_window_hours * 3_600_000),
+                    idempotency_window_ms=settings.idempotency_window_ms,
                     consumers=(VISITORS_CURSOR,),  # every outbox consumer registers here
                     replay_retention_ms=int(settings.replay_retention_hours * 3_600_000),
                 )

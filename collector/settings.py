@@ -66,6 +66,10 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
         return self.env is Environment.PRODUCTION
 
     @property
+    def idempotency_window_ms(self) -> int:
+        return int(self.idempotency_window_hours * 3_600_000)
+
+    @property
     def host_port(self) -> tuple[str, int]:
         host, _, port = self.bind.rpartition(":")
         return host.strip("[]") or "127.0.0.1", int(port)

@@ -261,7 +261,7 @@ def _replayed_drops(
     receipts = stored_receipts(
         services.storage, client_id,
         [(ev.eid, ev.content_hash, ev.legacy_hash) for ev in candidates],  # type: ignore[misc]
-        now_ms=now_ms, window_ms=int(services.settings.idempotency_window_hours * 3_600_000),
+        now_ms=now_ms, window_ms=services.settings.idempotency_window_ms,
     )
     return {ev: receipt for ev, receipt in zip(candidates, receipts, strict=True) if receipt is not None}
 
@@ -295,7 +295,7 @@ async def _admit(
         account=policy.account,
         period=period,
         candidates=[_candidate(client_id, site_id, ev) for ev in prepared.accepted],
-        window_ms=int(services.settings.idempotency_window_hours * 3_600_000),
+        window_ms=services.settings.idempotency_window_ms,
         budget=budget,
         units=UNITS,
         included=(
