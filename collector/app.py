@@ -70,6 +70,19 @@ def open_storage(settings: Settings) -> Storage:
     )
 
 
+def prepare_data_dir(storage: Storage, settings: Settings, now_ms: int) -> None:
+    """The start-up writes before anything serves: the tenants (demo, file), the
+    account suspensions an older version's imports left per key, and the
+    period this directory began counting served overage in."""
+    if settings.demo_tenant:
+        import_tenants(storage, DEMO_TENANTS)
+    if settings.tenants:
+        # start-up, before anything serves: a blocking read is fine here
+        import_tenants(storage, Path(settings.tenants).read_bytes())
+    settle_account_suspension(storage)  # (idempotent: writes only what an older import left)
+    mark_overage_counting(storage, billing_period(now_ms))
+
+
 def bot_classifier(settings: Settings) -> BotClassifier:
     """The classifier with the operator's datacenter networks (start-up; blocking reads are fine)."""
     if not settings.datacenter_cidrs_file:
@@ -250,13 +263,8 @@ async def serve(
     """
     storage = open_storage(settings)
     try:
-        if settings.demo_tenant:
-            import_tenants(storage, DEMO_TENANTS)
-        if settings.tenants:
-            # start-up, before anything serves: a blocking read is fine here
-            import_tenants(storage, Path(settings.tenants).read_bytes())  # noqa: ASYNC240
-        settle_account_suspension(storage)  # (idempotent: writes only what an older import left)
-        mark_overage_counting(storage, billing_period(int(clock() * 1000)))
+        if settings.workers <= 1:  # (with --workers N the parent did it once: collector/workers.py)
+            prepare_data_dir(storage, settings, int(clock() * 1000))
         services = build_services(settings, storage, clock, worker_index=worker_index)
         app = build_asgi(services)
         async with trio.open_nursery() as outer:

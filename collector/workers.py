@@ -41,7 +41,6 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from functools import partial
-from pathlib import Path
 
 import msgspec
 import trio
@@ -78,21 +77,12 @@ def listening_url(sock: socket.socket) -> str:
 
 
 def prepare_storage(settings: Settings) -> None:
-    """Open the environment once before the children: format check, migrations, tenants."""
-    from collector.app import open_storage
-    from collector.demo import DEMO_TENANTS
-    from collector.limits.usage import billing_period
-    from collector.tenants_admin import import_tenants, settle_account_suspension
-    from storage.counters import mark_overage_counting
+    """Open the environment once before the children: format check, migrations, start-up writes."""
+    from collector.app import open_storage, prepare_data_dir
 
     storage = open_storage(settings)
     try:
-        if settings.demo_tenant:
-            import_tenants(storage, DEMO_TENANTS)
-        if settings.tenants:
-            import_tenants(storage, Path(settings.tenants).read_bytes())
-        settle_account_suspension(storage)
-        mark_overage_counting(storage, billing_period(int(time.time() * 1000)))
+        prepare_data_dir(storage, settings, int(time.time() * 1000))
     finally:
         storage.close()
 
