@@ -128,6 +128,12 @@ async def _open(server: RunningServer) -> trio.SocketStream:
     return await trio.open_tcp_stream(url.hostname, url.port)
 
 
+async def _served(stream: trio.SocketStream) -> None:
+    """One GET /healthz on the connection, answered 200."""
+    await stream.send_all(HEALTH)
+    assert (await _read_response(stream)).startswith(b"HTTP/1.1 200")
+
+
 async def test_an_idle_keep_alive_connection_outlives_the_read_timeout(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
@@ -136,12 +142,10 @@ async def test_an_idle_keep_alive_connection_outlives_the_read_timeout(
     # got a reset (with the defaults, any request after 31-75 s of quiet).
     server = await start_server(nursery, tmp_path, read_timeout=1, keep_alive_timeout=4)
     async with await _open(server) as stream:
-        await stream.send_all(HEALTH)
-        assert (await _read_response(stream)).startswith(b"HTTP/1.1 200")
+        await _served(stream)
         await trio.sleep(2)  # idle past read_timeout, within keep_alive_timeout
-        await stream.send_all(HEALTH)
         with trio.fail_after(2):
-            assert (await _read_response(stream)).startswith(b"HTTP/1.1 200")
+            await _served(stream)
         with trio.fail_after(6):  # keep_alive_timeout closes it once idle again
             assert await stream.receive_some() == b""
 
@@ -153,8 +157,7 @@ async def test_a_connection_closes_when_its_client_does_or_a_request_stalls(
     # The client half-closes after a response: the server's side closes at once,
     # not after keep_alive_timeout (it sat in CLOSE-WAIT until then).
     async with await _open(server) as stream:
-        await stream.send_all(HEALTH)
-        assert (await _read_response(stream)).startswith(b"HTTP/1.1 200")
+        await _served(stream)
         await stream.send_eof()
         with trio.fail_after(3):
             assert await stream.receive_some() == b""
