@@ -166,7 +166,7 @@ def _idle_pageview_ceilings(records: list[KeyRecord]) -> list[str]:
 def cmd_tenants_list(args: argparse.Namespace) -> int:
     from collector.tenants_admin import list_records
 
-    skipped = _SkippedKeys()
+    skipped = _Skipped("key record")
     with _storage(args) as storage:
         for record in list_records(storage, on_unreadable=skipped):
             print(_json.encode(record).decode())
@@ -202,15 +202,7 @@ def cmd_outbox_dump(args: argparse.Namespace) -> int:
     from storage.outbox import iter_outbox
 
     out = sys.stdout
-    unreadable = 0
-
-    def skip(seq: int, error: Exception) -> None:
-        # Carry on: one damaged record must not hide the rest of the outbox.
-        nonlocal unreadable
-        unreadable += 1
-        out.flush()  # keeps the two streams in order on one terminal
-        print(f"collector: outbox seq {seq} does not decode, skipped: {error}", file=sys.stderr)
-
+    skip = _Skipped("outbox seq")
     with _storage(args) as storage:
         for seq, record in iter_outbox(storage, after=args.after, on_unreadable=skip):
             try:
@@ -231,7 +223,7 @@ def cmd_outbox_dump(args: argparse.Namespace) -> int:
             )
             # The stored event is already JSON: splice it in rather than re-encode it.
             out.write(f'{head[:-1].decode()},"event":{event}}}\n')
-    return 1 if unreadable else 0
+    return skip.status
 
 
 def cmd_reveal(args: argparse.Namespace) -> int:
@@ -263,14 +255,10 @@ def cmd_audit_list(args: argparse.Namespace) -> int:
 def cmd_visitors_show(args: argparse.Namespace) -> int:
     from storage.visitors import iter_visitors
 
-    unreadable = 0
+    skipped = _Skipped("visitor record")
 
     def skip(client: str, site: str, error: Exception) -> None:
-        nonlocal unreadable
-        unreadable += 1
-        sys.stdout.flush()
-        where = f"{client}/{site}/{args.visitor_id}"
-        print(f"collector: visitor record {where} does not decode, skipped: {error}", file=sys.stderr)
+        skipped(f"{client}/{site}/{args.visitor_id}", error)
 
     with _storage(args) as storage:
         for client, site, record in iter_visitors(storage, args.visitor_id, args.client, on_unreadable=skip):
@@ -289,7 +277,7 @@ def cmd_visitors_show(args: argparse.Namespace) -> int:
                 "lastSeen": record.last_ms,
             }
             print(_json.encode(row).decode())
-    return 1 if unreadable else 0
+    return skipped.status
 
 
 def cmd_keys_rotate_field_key(args: argparse.Namespace) -> int:
@@ -305,21 +293,15 @@ def cmd_keys_rotate_field_key(args: argparse.Namespace) -> int:
 def cmd_replay_dump(args: argparse.Namespace) -> int:
     from collector.replay_admin import session_lines
 
-    unreadable = 0
+    skipped = _Skipped("replay chunk")
 
     def skip(where: tuple[str, str, str, int], error: Exception) -> None:
-        # Carry on: one damaged chunk must not hide the rest of the session.
-        nonlocal unreadable
-        unreadable += 1
-        sys.stdout.flush()
-        client, site, session, seq = where
-        print(one_line(f"collector: replay chunk {client}/{site}/{session}/{seq} does not decode, skipped: {error}"),
-              file=sys.stderr)
+        skipped("/".join(map(str, where)), error)
 
     with _storage(args) as storage:
         for line in session_lines(storage, args.session, args.client, on_unreadable=skip):
             print(line)
-    return 1 if unreadable else 0
+    return skipped.status
 
 
 _PERIOD = r"^\d{4}-(0[1-9]|1[0-2])$"
@@ -339,26 +321,10 @@ def _period(value: str) -> str:
     return value
 
 
-class _SkippedKeys:
-    """Key records that do not decode: one line each on stderr, and the command exits 1."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def __call__(self, key: str, error: Exception) -> None:
-        self.count += 1
-        sys.stdout.flush()
-        print(one_line(f"collector: key record {key} does not decode, skipped: {error}"), file=sys.stderr)
-
-    @property
-    def status(self) -> int:
-        return 1 if self.count else 0
-
-
 def cmd_usage_show(args: argparse.Namespace) -> int:
     from collector.usage_admin import usage_rows
 
-    skipped = _SkippedKeys()
+    skipped = _Skipped("key record")
     with _storage(args) as storage:
         for row in usage_rows(storage, account=args.account, period=args.period, on_unreadable=skipped):
             print(_json.encode(row).decode())
@@ -368,7 +334,7 @@ def cmd_usage_show(args: argparse.Namespace) -> int:
 def cmd_usage_invoice(args: argparse.Namespace) -> int:
     from collector.usage_admin import invoice_lines
 
-    skipped = _SkippedKeys()
+    skipped = _Skipped("key record")
     with _storage(args) as storage:
         lines = invoice_lines(storage, args.period, on_unreadable=skipped)
         for line in lines:
@@ -535,6 +501,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+
+
+class _Skipped:
+    """Records a read command skips because they do not decode: one line each on
+    stderr, and the command exits 1. It carries on: one damaged record must not
+    hide the rest."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what  # "outbox seq", "key record", ...
+        self.count = 0
+
+    def __call__(self, where: object, error: Exception) -> None:
+        self.count += 1
+        sys.stdout.flush()  # keeps the two streams in order on one terminal
+        print(one_line(f"collector: {self.what} {where} does not decode, skipped: {error}"), file=sys.stderr)
+
+    @property
+    def status(self) -> int:
+        return 1 if self.count else 0
 
 
 def one_line(message: str) -> str:
