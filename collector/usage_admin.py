@@ -82,7 +82,12 @@ def usage_rows(
     more (its keys moved to another) still shows what it used."""
     period = period or billing_period(int(time.time() * 1000))
     policies = account_policies(storage, on_unreadable)
-    stored = _period_counters(storage, period)
+    return _rows(policies, _period_counters(storage, period), period, account)
+
+
+def _rows(
+    policies: dict[str, UsagePolicy], stored: dict[tuple[str, str], int], period: str, account: str | None = None
+) -> list[UnitUsage]:
     names = set(policies) | {name for name, kind in stored if kind in (PAGEVIEW_UNIT, COVERAGE_UNIT)}
     rows = []
     for name in sorted(names):
@@ -120,7 +125,7 @@ def invoice_lines(storage: Storage, period: str, on_unreadable: Unreadable | Non
     stored = _period_counters(storage, period)
     began = counters.overage_counted_from(storage)
     counted = began is not None and period > began  # a missing counter then means no overage served
-    for row in usage_rows(storage, period=period, on_unreadable=lambda key, error: None):  # reported above
+    for row in _rows(policies, stored, period):
         policy = policies.get(row.account)
         served = stored.get((row.account, row.unit + counters.OVERAGE_SUFFIX))
         if served is not None:
