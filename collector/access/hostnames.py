@@ -45,14 +45,12 @@ def utf8_header(value: str) -> str:
 
 
 def is_utf8_header(value: str) -> bool:
-    """Whether a header value (read as Latin-1) was sent as UTF-8 bytes (ASCII is)."""
-    if value.isascii():
-        return True
-    try:
-        value.encode("latin-1").decode("utf-8")
-    except (UnicodeEncodeError, UnicodeDecodeError):
-        return False
-    return True
+    """Whether a header value (read as Latin-1) was sent as UTF-8 bytes (ASCII is).
+
+    utf8_header re-reads such bytes (and a multi-byte character re-read is
+    fewer characters), or gives the value back when they are not UTF-8.
+    """
+    return value.isascii() or utf8_header(value) != value
 
 
 def normalize_domain(domain: str) -> str:
