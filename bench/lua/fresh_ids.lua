@@ -29,7 +29,12 @@ function init(args)
     headers["Content-Encoding"] = "gzip"
   end
   math.randomseed(os.time() + math.floor(os.clock() * 1e6))
-  prefix = string.format("%x%x", math.random(0, 0xffffff), math.random(0, 0xffffff))
+  -- The id's shape is the same in every run: digits never run for twelve or
+  -- more characters (letters split them), as in the UUIDs SDKs send. With a
+  -- bare hex prefix, a run whose random prefix happened to end in digits gave
+  -- every event a digit run the payment scan must confirm: ~110 us more per
+  -- 25-event request (29 against 140 us of has_card_candidate), ~8% of batch25.
+  prefix = string.format("e%06xe%06xe", math.random(0, 0xffffff), math.random(0, 0xffffff))
 end
 
 function request()
