@@ -81,10 +81,27 @@ OVERAGE_COUNTED_FROM = b"overage_counted_from"  # meta: the period overage count
 
 
 def mark_overage_counting(storage: Storage, period: str) -> None:
-    """Record the period from which this directory counts served overage (once; `serve` at start)."""
+    """Record the period from which this directory counts served overage (once; `serve` at start).
+
+    The marked period is the one whose usage began uncounted (an upgrade
+    mid-month): its overage counters start from what the usage shows. When
+    nothing was metered in `period` yet (a new directory, an upgrade before
+    the month's first unit), every unit of it will be counted as served, so
+    the mark is the month before: `period` is then priced from its counters
+    alone, and terms changed later cannot rewrite it.
+    """
     with mapped_lmdb_errors(), storage.env.begin(write=True) as txn:
         if txn.get(OVERAGE_COUNTED_FROM, db=storage.dbs.meta) is None:
-            txn.put(OVERAGE_COUNTED_FROM, period.encode(), db=storage.dbs.meta)
+            infix = f"\x00{period}\x00".encode()
+            metered = any(infix in bytes(key) for key in txn.cursor(db=storage.dbs.counters).iternext(values=False))
+            began = period if metered else period_before(period)
+            txn.put(OVERAGE_COUNTED_FROM, began.encode(), db=storage.dbs.meta)
+
+
+def period_before(period: str) -> str:
+    """The billing period (YYYY-MM) before `period`."""
+    year, month = map(int, period.split("-"))
+    return f"{year - 1:04d}-12" if month == 1 else f"{year:04d}-{month - 1:02d}"
 
 
 def overage_counted_from(storage: Storage) -> str | None:

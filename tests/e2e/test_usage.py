@@ -5,6 +5,7 @@ from __future__ import annotations
 import calendar
 import json
 import sys
+import time
 from pathlib import Path
 
 import trio
@@ -342,3 +343,29 @@ async def test_a_lowered_allowance_does_not_turn_served_units_into_overage(nurse
                run_cli("usage", "invoice", "--period", "2099-01", data_dir=server.data_dir).stdout.splitlines()]
     line = next(row for row in invoice if row.get("account") == "paidco" and row.get("unit") == "pageview")
     assert (line["used"], line["overage"], line["amount_usd"]) == (20, 0, 0), line
+
+
+async def test_a_new_directory_bills_its_first_month_from_what_was_served(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # A fresh directory has no usage metered before its overage counters: its first
+    # month is priced from them like any other, so terms changed afterwards do not
+    # rewrite it (audit helper-42: it was priced as an upgrade month, used - included
+    # under the new terms).
+    server = await start_server(nursery, tmp_path, TENANTS, key_cache_ttl=0, key_negative_ttl=0)
+    period = time.strftime("%Y-%m", time.gmtime(server.clock()))
+    served = await send(server, PAID, [pageview(f"n{i}") for i in range(20)])
+    assert served.headers["X-Service-Billing-Mode"] == "full", served.text
+    paid = dict(TENANTS["keys"][2])  # type: ignore[index]
+    lowered = tmp_path / "lowered.json"
+    lowered.write_text(json.dumps({"keys": [{**paid, "contract": {"monthlyPageviews": 5, "pageviewCeiling": 150}}]}))
+    run_cli("tenants", "import", str(lowered), data_dir=server.data_dir)
+    invoice = [json.loads(line) for line in
+               run_cli("usage", "invoice", "--period", period, data_dir=server.data_dir).stdout.splitlines()]
+    line = next(row for row in invoice if row.get("account") == "paidco" and row.get("unit") == "pageview")
+    assert (line["used"], line["included"], line["overage"], line["amount_usd"]) == (20, 5, 0, 0), line
+    # Units admitted past the new allowance are served overage, counted from there.
+    over = await send(server, PAID, [pageview("n-over")])
+    assert over.headers["X-Service-Billing-Mode"] == "metered_overage", over.text
+    invoice = [json.loads(line) for line in
+               run_cli("usage", "invoice", "--period", period, data_dir=server.data_dir).stdout.splitlines()]
+    line = next(row for row in invoice if row.get("account") == "paidco" and row.get("unit") == "pageview")
+    assert (line["used"], line["overage"], line["amount_usd"]) == (21, 1, 50), line

@@ -366,3 +366,17 @@ def test_units_spent_beyond_the_included_ones_are_counted_as_served_overage(tmp_
         assert counters.overage_counted_from(storage) == "2026-11"
     finally:
         storage.close()
+
+
+def test_a_directory_with_nothing_metered_counts_overage_from_its_first_unit(tmp_path: Path) -> None:
+    # Nothing was metered uncounted in the month: the mark is the month before, so
+    # that month is priced from its counters alone (audit helper-42).
+    storage = Storage(tmp_path)
+    try:
+        run_job_now(storage, counters.SpendUnits(counters.counter_key("acme", "2026-10", "pageview"), 3,
+                                                 lambda used, more: True))
+        counters.mark_overage_counting(storage, "2026-11")
+        assert counters.overage_counted_from(storage) == "2026-10"
+    finally:
+        storage.close()
+    assert [counters.period_before(p) for p in ("2026-01", "2026-11", "2027-10")] == ["2025-12", "2026-10", "2027-09"]
