@@ -72,18 +72,23 @@ def preflight_gate(services: Services, request: Request) -> None:
         gate(record, request.headers.get("origin"), request.headers.get("referer"))
 
 
-def refuse_payment_headers(request: Request) -> None:
+def refuse_payment_headers(services: Services, request: Request) -> None:
     """Spec 4.1 rule 5 covers the whole request: the Idempotency-Key becomes stored event ids.
 
     (X-Request-ID is stored nowhere; the access log writes a card-bearing one redacted.)
     """
     value = request.headers.get("idempotency-key")
     if value and text_has_card(utf8_header(value)):  # read as it will be stored
-        raise ServiceError(
+        error = ServiceError(
             "prohibited_payment_data",
             "payment-instrument material is not accepted (the Idempotency-Key header holds a payment"
             " card number); nothing was stored",
         )
+        # Refused before the gate, but a known key's response still carries its
+        # rate headers (spec 8.2: on every authenticated response; no token is taken).
+        key = request.headers.get("x-api-key") or request.query.get("key")
+        error.key_record = services.keys.lookup(key) if key else None
+        raise error
 
 
 SIGNALS_ROUTE = "/v1/signals/:visitorId"  # signals.ROUTE (that module imports this one)
@@ -169,7 +174,7 @@ def make_write_handler(
                     "method_not_allowed", f"{route} accepts {method} only", headers={"Allow": f"{method}, OPTIONS"}
                 )
             if method == "POST":
-                refuse_payment_headers(request)
+                refuse_payment_headers(services, request)
             status, answer = await work(services, request, body.receive, headers, seen)
         except ServiceError as error:
             status, answer, error_code = error.status, render_error(error), error.code

@@ -274,6 +274,8 @@ async def test_a_card_number_in_a_header_the_write_keeps_refuses_it(server: Runn
     for key in ("k-4111111111111111", "4111\u00a01111\u00a01111\u00a01111".encode()):  # NBSP as UTF-8
         response = await post(server, event, headers={**H, "Idempotency-Key": key})  # type: ignore[dict-item]
         assert (response.status_code, response.json()["error"]) == (400, "prohibited_payment_data"), key
+        # an authenticated response: it carries the key's rate headers (audit helper-42)
+        assert response.headers["X-RateLimit-Scope"] == "ingest", response.headers
     assert await outbox_dump(server.data_dir) == []
     fine = await post(server, event, headers={**H, "Idempotency-Key": "order-2024-000123"})
     assert fine.json()["ledgerKeys"] == ["acme/order-2024-000123/0"]
