@@ -16,9 +16,9 @@ integer operations: a refusal costs almost nothing.
 
 Partitions (`serve --workers N`, the spec's "partitions whose quotas sum to
 the key-wide allowance"): each worker process holds its own buckets with a
-quota of `ceil(limit / N)` per window (burst twice that), so the N quotas sum
-to at least the key-wide `limit` and exceed it by at most N - 1 requests per
-window. Responses still state the key-wide `limit` and `burst_limit`;
+quota of `ceil(limit / N)` per window and a burst of `ceil(2 limit / N)`, so
+the N quotas sum to at least the key-wide `limit` (and burst) and exceed it by
+at most N - 1 requests per window. Responses still state the key-wide `limit` and `burst_limit`;
 `remaining` and `burst_remaining` are estimates: this partition's remaining
 quota times N, capped at the key-wide values.
 """
@@ -64,8 +64,7 @@ class RateLimiter:
         self._checks += 1
         key_limit = max(1, round(60 * rate_per_s))
         parts = self.partitions
-        limit = -(-key_limit // parts)  # this partition's quota: ceil(limit / N)
-        burst = 2 * limit
+        limit, burst = _partition_quotas(key_limit, parts)
         window = int(now // 60)
         shard = self._shards[xxhash.xxh3_64_intdigest(bucket_id.encode()) % len(self._shards)]
         state = shard.get(bucket_id)
@@ -111,10 +110,18 @@ class RateLimiter:
         return RateLimiterStatistics(sum(map(len, self._shards)), self._checks, self._refusals)
 
 
+def _partition_quotas(key_limit: int, parts: int) -> tuple[int, int]:
+    """This partition's (limit, burst): ceil(limit / N) and ceil(2 limit / N).
+
+    (Twice the rounded-up limit would let N partitions exceed the key-wide
+    burst by 2 (N - 1).)
+    """
+    return -(-key_limit // parts), -(-2 * key_limit // parts)
+
+
 def _allowed(key_limit: int, parts: int, current: int, previous: int, reset: int) -> RateDecision:
     """An admitting decision once this partition's window holds `current` (the previous `previous`)."""
-    limit = -(-key_limit // parts)  # this partition's quota: ceil(limit / N)
-    burst = 2 * limit
+    limit, burst = _partition_quotas(key_limit, parts)
     return RateDecision(
         True,
         key_limit,

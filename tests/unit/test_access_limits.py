@@ -223,6 +223,11 @@ def test_partitions_split_the_limit_rounding_up() -> None:
     # rounding up: a limit smaller than N still gives every partition one request
     tiny = RateLimiter(partitions=4).check("t", 1 / 60, 0.0)
     assert tiny.allowed and tiny.limit == 1 and tiny.remaining == 0
+    # the partitions' bursts sum to the key-wide burst plus at most N - 1: limit 3
+    # (burst 6) in 2 partitions is 2 a minute and a burst of 3 each (audit helper-42:
+    # twice the rounded-up limit, 4 each, let an idle key take 8 at once)
+    pair = [RateLimiter(partitions=2) for _ in range(2)]
+    assert sum(w.check("b", 3 / 60, 0.0).allowed for w in pair for _ in range(10)) == 6
 
 
 def test_rate_headers_and_refusal() -> None:
