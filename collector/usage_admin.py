@@ -23,6 +23,29 @@ from storage.env import Storage
 
 PAGEVIEW_BLOCK, PAGEVIEW_BLOCK_USD = 100_000, 50
 COVERAGE_BLOCK, COVERAGE_BLOCK_USD = 1_000_000, 170
+INTERIM_INVOICE_USD = 25  # spec 8.4: postpaid, with an interim invoice once an open period owes this
+
+
+class AccountTotal(msgspec.Struct, frozen=True):
+    """An account's overage in a period, and whether it is due an interim invoice."""
+
+    account: str
+    period: str
+    account_total_usd: int
+    interim_invoice_due: bool  # the period is still open and already owes INTERIM_INVOICE_USD
+
+
+def account_totals(lines: list[InvoiceLine], period: str, now_ms: int) -> list[AccountTotal]:
+    """One total per account that owes something in `period`."""
+    owed: dict[str, int] = {}
+    for line in lines:
+        owed[line.account] = owed.get(line.account, 0) + line.amount_usd
+    still_open = period >= billing_period(now_ms)
+    return [
+        AccountTotal(account, period, amount, still_open and amount >= INTERIM_INVOICE_USD)
+        for account, amount in sorted(owed.items())
+        if amount
+    ]
 
 
 class UnitUsage(msgspec.Struct, frozen=True):
