@@ -108,6 +108,7 @@ class Supervisor:
         self.env = {k: v for k, v in os.environ.items() if k not in _CHILD_ENV_DROP}
         self.procs: dict[int, Child] = {}
         self.stopping = trio.Event()
+        self.starting = trio.CancelScope()  # the first start of every worker; a stop signal cancels it
         self.failed: str | None = None
         self.crashes: deque[float] = deque()
         self.restarts = 0
@@ -115,25 +116,30 @@ class Supervisor:
     async def run(self) -> int:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
+                # Signals are heeded from the start: a stop while the workers
+                # start (each takes ~0.5 s, one after another) must not wait
+                # for the rest of them (operator contract: exit within 10 s).
+                nursery.start_soon(self._await_signal, signals)
                 try:
-                    for index in range(self.settings.workers):
-                        await nursery.start(self._slot, index)
+                    with self.starting:
+                        for index in range(self.settings.workers):
+                            await nursery.start(self._slot, index)
                 except SupervisorFailed as exc:
                     self.failed = str(exc)
                     await self._stop_children()
                     nursery.cancel_scope.cancel()
                     return 1
-                url = listening_url(self.sock)
-                print(f"collector listening on {url}", flush=True)
-                log.info("listening on %s with %d workers", url, self.settings.workers)
-                systemd.notify(
-                    f"READY=1\nSTATUS=listening on {url} with {self.settings.workers} workers\n"
-                    f"MAINPID={os.getpid()}"
-                )
-                interval = systemd.watchdog_interval()
-                if interval:
-                    nursery.start_soon(systemd.watchdog_loop, interval)
-                nursery.start_soon(self._await_signal, signals)
+                if not self.stopping.is_set():
+                    url = listening_url(self.sock)
+                    print(f"collector listening on {url}", flush=True)
+                    log.info("listening on %s with %d workers", url, self.settings.workers)
+                    systemd.notify(
+                        f"READY=1\nSTATUS=listening on {url} with {self.settings.workers} workers\n"
+                        f"MAINPID={os.getpid()}"
+                    )
+                    interval = systemd.watchdog_interval()
+                    if interval:
+                        nursery.start_soon(systemd.watchdog_loop, interval)
                 await self.stopping.wait()
                 clean = await self._stop_children()
                 nursery.cancel_scope.cancel()
@@ -148,6 +154,7 @@ class Supervisor:
                 log.info("received %s: draining workers", signal.Signals(signum).name)
                 systemd.notify("STOPPING=1")
                 self.stopping.set()
+                self.starting.cancel()  # a worker still starting is stopped with the others
 
     async def _stop_children(self) -> bool:
         """SIGTERM every child; SIGKILL what has not exited after the drain time. True if clean.

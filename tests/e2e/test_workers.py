@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -249,3 +250,36 @@ def test_systemd_hears_only_the_parent(tmp_path: Path) -> None:
         listener.close()
     assert {pid for pid, _ in heard} == {proc.pid}
     assert sum(message.startswith("READY=1") for _, message in heard) == 1
+
+
+def test_sigterm_while_the_workers_start_stops_at_once(tmp_path: Path) -> None:
+    """A stop before every worker is up does not wait for the rest to start (audit helper-38).
+
+    The signal was heeded only once all N had started one after another (~0.5 s
+    each), and the parent then still announced "listening" and READY=1.
+    """
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "collector", "serve", "--bind", "127.0.0.1:0", "--workers", "8",
+         "--no-access-log", "--data-dir", str(tmp_path / "data"),
+         "--tenants", str(write_tenants(tmp_path / "t.json"))],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        time.sleep(1.5)  # the parent's trio loop runs and the first workers are starting
+        proc.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        assert proc.wait(timeout=15) == 0
+        assert time.monotonic() - started < 2.5
+        assert proc.stdout is not None and proc.stdout.read() == ""  # it never said it was listening
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # and no worker outlives it
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("a worker outlived the parent")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
