@@ -57,7 +57,11 @@ class Storage:
         readonly: bool = False,
     ) -> None:
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        # The environment holds server keys, the stream-token secret and every
+        # event: owner-only, whatever the umask (as field-keys.json and backups).
+        self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not readonly:
+            _owner_only(self.path)
         self.max_map_size = max_map_size
         # LMDB refuses set_mapsize while this process has a write transaction
         # open: the writer thread holds this lock for each transaction, and a
@@ -74,6 +78,7 @@ class Storage:
                 writemap=False,
                 readahead=False,
                 readonly=readonly,
+                mode=0o600,
             )
             # Another process may have grown the map already; adopt its size.
             self.env.set_mapsize(0)
@@ -91,6 +96,9 @@ class Storage:
                 self.env.close()
                 raise
         self.node_id = self._meta_get(b"node_id").decode()
+        # The files this process has open, to tell when one is removed or
+        # replaced under it: writes would then go to a file nobody will read.
+        self._open_files = {name: os.stat(self.path / name) for name in DATA_FILES} if not readonly else {}
 
     # -- format marker and migrations -------------------------------------
 
@@ -201,7 +209,45 @@ class Storage:
             stat = os.statvfs(self.path)
         except OSError:
             return False
-        return os.access(self.path, os.W_OK) and stat.f_bavail * stat.f_frsize >= min_free_bytes
+        return (
+            self.files_intact() is None
+            and os.access(self.path, os.W_OK)
+            and stat.f_bavail * stat.f_frsize >= min_free_bytes
+        )
+
+    def files_intact(self) -> str | None:
+        """None while the environment's files are the ones this process opened; else what changed.
+
+        A data.mdb removed (or replaced) while serving still takes commits,
+        into an inode that is gone at the next start: the writer refuses to
+        commit instead, and readiness turns 503.
+        """
+        for name, opened in self._open_files.items():
+            try:
+                now = os.stat(self.path / name)
+            except FileNotFoundError:
+                return f"{self.path / name} was removed while the collector had it open; restart it"
+            except OSError as exc:
+                return f"{self.path / name}: {exc.strerror}"
+            if (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino):
+                return f"{self.path / name} was replaced while the collector had it open; restart it"
+        return None
 
     def close(self) -> None:
         self.env.close()
+
+
+DATA_FILES = ("data.mdb", "lock.mdb")
+
+
+def _owner_only(path: Path) -> None:
+    """Take group and other access off the data directory and its LMDB files (an older version's)."""
+    for target in (path, *(path / name for name in DATA_FILES)):
+        try:
+            mode = target.stat().st_mode
+            if mode & 0o077:
+                target.chmod(mode & 0o7700)
+        except FileNotFoundError:
+            continue
+        except PermissionError:
+            continue  # not ours to change (read by another user): leave it

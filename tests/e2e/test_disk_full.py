@@ -78,3 +78,38 @@ def test_no_new_data_directory_on_a_full_disk(small_disk: Path, tmp_path: Path) 
     assert result.returncode == 2, result.stderr
     assert "not enough free space" in result.stderr and result.stderr.count("\n") == 1
     assert not (small_disk / "new").exists()
+
+
+async def test_a_data_file_removed_while_serving_is_refused_not_acknowledged(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # Commits went on into the unlinked inode with 202 and readiness 200, and were
+    # gone at the next start (audit helper-39).
+    server = await start_server(nursery, tmp_path)
+    assert (await server.client.post("/v1/events", json=pageview("kept"), headers=H)).status_code == 202
+    (server.data_dir / "data.mdb").unlink()
+    refused = await server.client.post("/v1/events", json=pageview("lost"), headers=H)
+    assert (refused.status_code, refused.json()["error"]) == (503, "storage_unavailable"), refused.text
+    assert "was removed" in refused.json()["message"]
+    assert (await server.client.get("/readyz")).status_code == 503
+
+
+def test_a_new_data_directory_is_owner_only(tmp_path: Path) -> None:
+    # It holds server keys, the stream-token secret and the events (audit helper-39:
+    # 0755 and 0644 under the usual umask). An older, open directory is closed up.
+    old = os.umask(0o022)
+    try:
+        tenants = str(write_tenants(tmp_path / "tenants.json"))
+        run_cli("tenants", "import", tenants, data_dir=tmp_path / "fresh")
+        opened = tmp_path / "opened"
+        run_cli("tenants", "import", tenants, data_dir=opened)
+        opened.chmod(0o755)  # as an older version left it
+        for name in ("data.mdb", "lock.mdb"):
+            (opened / name).chmod(0o644)
+        run_cli("tenants", "list", data_dir=opened)
+    finally:
+        os.umask(old)
+    for directory in (tmp_path / "fresh", opened):
+        assert directory.stat().st_mode & 0o777 == 0o700
+        for name in ("data.mdb", "lock.mdb"):
+            assert (directory / name).stat().st_mode & 0o777 == 0o600, name
