@@ -45,7 +45,7 @@ from collector.ingest.bots import BotClassifier
 from collector.limits.buckets import RateLimiter
 from collector.limits.usage import billing_period
 from collector.metrics import Metrics, gauge
-from collector.runtime import early_stop_signal
+from collector.runtime import STOP_SIGNALS, early_stop_signal
 from collector.services import Services, wall_clock
 from collector.settings import Settings, SettingsError, load_cidrs
 from collector.signals.projection import VisitorProjection
@@ -391,7 +391,7 @@ async def _serve_http(
 
 
 async def _watch_signals(shutdown: trio.Event) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
         signum = early_stop_signal()  # one that came while the process was starting
         if signum is None:
             signum = await signals.__anext__()

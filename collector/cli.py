@@ -91,30 +91,37 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"cannot read the tenants file {settings.tenants}: {exc.strerror}") from None
     _check_data_dir(Path(settings.data_dir), create=True)
-    _probe_listen(settings)
+    listener = _listen(settings)
     configure_logging()
     tune_gc()  # after the imports above: they are start-up objects, never scanned again
     if settings.workers > 1:
         from collector.workers import run_supervisor
 
-        return run_supervisor(settings)
-    trio.run(serve, settings)
+        return run_supervisor(settings, listener)
+    from collector.runtime import defer_stop_signals
+
+    # A second SIGTERM or SIGINT during the drain changes nothing (as in a
+    # worker): with the default action back after the first, it killed the
+    # drain, or raised KeyboardInterrupt through the nurseries.
+    defer_stop_signals()
+    # hypercorn adopts the descriptor (fd://) and closes it when it stops
+    trio.run(serve, msgspec.structs.replace(settings, bind=f"fd://{listener.detach()}"))
     return 0
 
 
-def _probe_listen(settings: Settings) -> None:
-    """Bind and close the listening address before storage opens or anything logs.
+def _listen(settings: Settings) -> socket.socket:
+    """The listening socket, bound before storage opens or anything logs, and kept for the server.
 
     A host that does not resolve, or a port in use or not allowed, is then one
-    line and exit 2. (The probe closes at once; the server binds again. A
-    socket handed over as fd:// needs no probe.)
+    line and exit 2. (A probe closed again left the port to whoever bound it
+    before the server did: a traceback and exit 1.)
     """
-    if settings.bind.startswith("fd://"):
-        return
     from collector.workers import bind_listener
 
+    if settings.bind.startswith("fd://"):  # how a worker gets its parent's socket: not an operator's
+        raise UsageError(f"invalid setting: bind {settings.bind!r} is not HOST:PORT")
     try:
-        bind_listener(settings).close()
+        return bind_listener(settings)
     except (socket.gaierror, UnicodeError):
         host = settings.host_port[0]
         raise UsageError(f"invalid setting: bind host {host!r} does not resolve") from None

@@ -47,8 +47,13 @@ def report_fatal_signals() -> None:
 _early_stop: list[int] = []
 
 
+# SIGHUP too: a hang-up (a closed terminal, a process-group signal) drains
+# like a stop instead of killing requests mid-commit; nothing reloads on it.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def defer_stop_signals() -> None:
-    """Remember SIGTERM and SIGINT until serve() watches them itself (see early_stop_signal).
+    """Remember SIGTERM, SIGINT and SIGHUP until serve() watches them itself (see early_stop_signal).
 
     A worker process of `serve --workers N` starts while its supervisor may
     already be stopping: with the default action the signal killed it
@@ -56,7 +61,7 @@ def defer_stop_signals() -> None:
     worker served out the whole drain time and was then killed. A signal
     that arrives later, during the drain, is remembered too and changes nothing.
     """
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in STOP_SIGNALS:
         signal.signal(signum, lambda received, _frame: _early_stop.append(received))
 
 

@@ -46,6 +46,7 @@ import msgspec
 import trio
 
 from collector import systemd
+from collector.runtime import STOP_SIGNALS
 from collector.settings import Settings
 
 log = logging.getLogger("collector.workers")
@@ -87,10 +88,9 @@ def prepare_storage(settings: Settings) -> None:
         storage.close()
 
 
-def run_supervisor(settings: Settings) -> int:
-    """`collector serve --workers N` (N > 1) in the parent; returns the exit status."""
+def run_supervisor(settings: Settings, sock: socket.socket) -> int:
+    """`collector serve --workers N` (N > 1) in the parent, on listening `sock`; returns the exit status."""
     prepare_storage(settings)
-    sock = bind_listener(settings)
     try:
         return trio.run(Supervisor(settings, sock).run)
     finally:
@@ -114,7 +114,7 @@ class Supervisor:
         self.restarts = 0
 
     async def run(self) -> int:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
             async with trio.open_nursery() as nursery:
                 # Signals are heeded from the start: a stop while the workers
                 # start (each takes ~0.5 s, one after another) must not wait

@@ -241,6 +241,30 @@ def test_sigterm_with_requests_in_flight(tmp_path: Path) -> None:
     assert set(stored) == set(acknowledged)  # nothing committed that its client never heard of
 
 
+def test_a_second_stop_signal_does_not_cut_the_drain(tmp_path: Path) -> None:
+    # After the first signal the default actions were back: a second SIGTERM killed
+    # the drain (exit -15) and a SIGINT raised KeyboardInterrupt through the
+    # nurseries, a traceback and exit 1 (audit helper-39).
+    server = ServerProcess(tmp_path)
+    body = json.dumps(pageview("slow")).encode()
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as conn:
+        conn.sendall(
+            b"POST /v1/events HTTP/1.1\r\nHost: x\r\nX-API-Key: " + BROWSER_KEY.encode()
+            + b"\r\nOrigin: https://acme.com\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:10]
+        )
+        time.sleep(0.3)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGTERM):
+            server.proc.send_signal(sig)
+            time.sleep(0.3)
+        conn.sendall(body[10:])
+        answer = conn.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 202"), answer[:200]
+    assert server.proc.wait(timeout=15) == 0
+    assert '"eid":"slow"' in run_cli("outbox", "dump", data_dir=server.data_dir).stdout
+
+
 def test_crashloop_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     from bench.crashloop import crashloop
 
@@ -274,6 +298,7 @@ def test_bad_operator_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         (["serve", "--bind", "nohost.invalid:8080"], "does not resolve"),
         (["serve", "--bind", "127.0.0.1:99999"], "HOST:PORT"),
         (["serve", "--bind", "127.0.0.1"], "HOST:PORT"),
+        (["serve", "--bind", "fd://3"], "HOST:PORT"),  # a worker's handoff, not an operator's (helper-40)
         (["serve", "--bind", f"127.0.0.1:{busy.getsockname()[1]}"], "cannot listen"),
         (["serve", "--tenants", str(tmp_path / "missing.json")], "cannot read the tenants file"),
         (["serve", "--bogus"], "unrecognized arguments"),
