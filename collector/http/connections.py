@@ -43,6 +43,7 @@ from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 log = logging.getLogger("collector.http")
 
 LOG_EVERY_S = 60.0
+CLOSE_AFTER_SEND_S = 5.0  # how long closing waits for a response still being written
 
 
 class ConnectionGuard:
@@ -96,6 +97,20 @@ class Connection(TCPServer):
             if self._reading_done:
                 return  # nothing more can arrive: no idle task to wait for
         await super().protocol_send(event)
+
+    async def _close(self) -> None:
+        # hypercorn sends EOF without its send lock: when h11 gives up on the
+        # connection (a request pipelined behind a refusal whose body was not
+        # read) while that refusal is still being written, send_eof raised
+        # BusyResourceError and the refusal lost its body. Wait for the write
+        # first (bounded: a client that reads nothing holds it forever).
+        lock = self.send_lock
+        if lock.statistics().owner is not trio.lowlevel.current_task():
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + CLOSE_AFTER_SEND_S):
+                async with lock:
+                    await super()._close()
+                    return
+        await super()._close()
 
     def _read_deadline(self) -> float:
         if self._idle or not self.config.read_timeout:
