@@ -26,6 +26,7 @@ from collector.http.headers import (
     refusal_headers,
     usage_headers,
 )
+from collector.http.off_loop import run_pure
 from collector.http.write_route import (
     Handler,
     Seen,
@@ -150,7 +151,7 @@ async def _ingest(
     legacy_identity: bytes | None = None
     if route != "/v1/events":
         # The translations keep only known fields: scan the request as sent first.
-        refuse_payment_data(body)
+        await run_pure(len(body), refuse_payment_data, body)
         if route == EDGE_ROUTE:
             body, page_url, content_identity, legacy_identity = edge_to_event(
                 body, user_agent=hdr.get("user-agent"), now_ms=now_ms, website_key=key_type == KeyType.BROWSER
@@ -196,7 +197,7 @@ async def _ingest(
             hdr, services.proxies.client_address(request.client_ip, hdr.get("x-forwarded-for")), services.bots
         ),
     )
-    prepared = prepare_batch(body, context)
+    prepared = await run_pure(len(body), prepare_batch, body, context)
     policy = policy_for(record)
     period = billing_period(now_ms)
     if prepared.accepted:

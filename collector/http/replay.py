@@ -13,6 +13,7 @@ import msgspec
 from collector.access.gate import admit_writer
 from collector.errors import ServiceError
 from collector.http.asgi import Receive, Request
+from collector.http.off_loop import run_pure
 from collector.http.write_route import (
     Handler,
     Seen,
@@ -59,7 +60,7 @@ async def _replay(
     spend_request_token(services, record, site, SCOPE, headers)
     raw = await read_capped_body(request, receive)
     body = decompress_body(raw, hdr.get("content-encoding"), hdr.get("content-type"))
-    chunk = prepare_replay(body)
+    chunk = await run_pure(len(body), prepare_replay, body)
     job = StoreChunk(
         client_id=record.clientId,
         site_id=site.siteId,

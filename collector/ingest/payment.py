@@ -104,8 +104,10 @@ def _raw_has_card(raw: bytes) -> bool:
         run = raw[start:end].strip(b" -+")  # a leading "%" stays: "%20" reads as a space
         # Bare digits can only be one card from their first digit to their
         # last, and one that no issuer uses (every millisecond timestamp
-        # starts with 1) or of the wrong length never is.
-        if run and not (run.isdigit() and (run[0] in _NO_ISSUER or not 12 <= len(run) <= 19)):
+        # starts with 1), of the wrong length or failing Luhn's check never is.
+        if run and not (
+            run.isdigit() and (run[0] in _NO_ISSUER or not 12 <= len(run) <= 19 or not _luhn_ascii(run))
+        ):
             # Context each side: a whole escape (\n, or \u0019 whose hex
             # digits the run may have taken in) and a decimal point. Escapes
             # and non-ASCII bytes become U+FFFD, which may stand for a letter
@@ -115,6 +117,16 @@ def _raw_has_card(raw: bytes) -> bool:
                 return True
         start = mapped.find(_RUN, end)
     return False
+
+
+_DOUBLED = bytes.maketrans(b"0123456789", b"0246813579")  # each digit doubled, its digits summed
+
+
+def _luhn_ascii(digits: bytes) -> bool:
+    """luhn_valid for ASCII digits, with the arithmetic in C (a hostile body holds a million runs)."""
+    backwards = digits[::-1]
+    kept, doubled = backwards[0::2], backwards[1::2].translate(_DOUBLED)
+    return (sum(kept) + sum(doubled) - 48 * len(digits)) % 10 == 0
 
 
 def luhn_valid(digits: str) -> bool:

@@ -293,6 +293,43 @@ def test_a_refusal_with_a_request_pipelined_behind_its_unread_body_arrives_whole
         assert server.stop() == 0
 
 
+def test_a_costly_body_does_not_stall_the_event_loop(tmp_path: Path) -> None:
+    # 20 KB of gzip inflating to 10 MB of card-length digit runs glued to letters:
+    # the payment scan confirms every one (seconds of Python). On the event loop
+    # every other request waited behind it (audit helper-41: /healthz took 20 s
+    # behind five); a body that large is now prepared in a worker thread.
+    import gzip
+    import threading
+
+    server = ServerProcess(tmp_path, "--no-access-log")
+    hostile = b"a4111111111111111a " * (10_000_000 // 19)
+    body = gzip.compress(b'{"events":[' + json.dumps(pageview("big")).encode()[:-1] + b',"x":"' + hostile + b'"}]}')
+    answers: list[int] = []
+
+    def post() -> None:
+        answers.append(httpx.post(server.url + "/v1/events", content=body, timeout=60, headers={
+            **H, "Content-Type": "application/json", "Content-Encoding": "gzip"}).status_code)
+
+    try:
+        poster = threading.Thread(target=post)
+        started = time.monotonic()
+        poster.start()
+        slowest = 0.0
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            while poster.is_alive() and time.monotonic() - started < 60:
+                asked = time.monotonic()
+                assert client.get("/healthz").status_code == 200
+                slowest = max(slowest, time.monotonic() - asked)
+                time.sleep(0.05)
+        poster.join()
+        took = time.monotonic() - started
+        assert answers and answers[0] < 500, answers
+        assert took > 1.0, took  # it was costly (else this proves nothing)
+        assert slowest < 0.5 * took and slowest < 1.0, (slowest, took)
+    finally:
+        assert server.stop() == 0
+
+
 def test_crashloop_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     from bench.crashloop import crashloop
 

@@ -302,6 +302,25 @@ def test_gzip_round_trip_and_rules() -> None:
         decompress_body(raw, "br", "application/json")
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.binary(min_size=0, max_size=400), st.integers(1, 400)), min_size=1, max_size=12))
+def test_gzip_members_inflate_to_their_concatenation(members: list[tuple[bytes, int]]) -> None:
+    # Members end anywhere within the 64 KiB input pieces and output chunks.
+    contents = [content * repeat for content, repeat in members]
+    body = b"".join(gzip.compress(content, 1) for content in contents)
+    assert decompress_body(body, "gzip", "application/json") == b"".join(contents)
+
+
+def test_a_gzip_body_of_too_many_members_is_refused() -> None:
+    # Handing zlib the whole rest of the body per member copied it each time:
+    # 1 MB of empty members took 1.3 s (audit helper-41). 1,024 members are read.
+    empty = gzip.compress(b"")
+    assert decompress_body(empty * 1023 + gzip.compress(b"{}"), "gzip", "application/json") == b"{}"
+    with pytest.raises(ServiceError) as many:
+        decompress_body(empty * (1_048_576 // len(empty)), "gzip", "application/json")
+    assert many.value.code == "invalid_json" and "members" in str(many.value)
+
+
 def test_gzip_bomb_aborts() -> None:
     bomb = gzip.compress(b"0" * (50 * 1024 * 1024))
     assert len(bomb) < 100_000
