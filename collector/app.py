@@ -28,7 +28,7 @@ from quart_trio import QuartTrio
 
 from collector import systemd
 from collector.access.keycache import KeyCache
-from collector.demo import DEMO_TENANTS
+from collector.demo import DEMO_KEYS, DEMO_TENANTS
 from collector.fieldkeys import key_file_path, load_or_create
 from collector.http.access_log import flush_periodically as flush_access_log
 from collector.http.asgi import Receive, Scope, Send, send_response
@@ -76,11 +76,26 @@ def prepare_data_dir(storage: Storage, settings: Settings, now_ms: int) -> None:
     period this directory began counting served overage in."""
     if settings.demo_tenant:
         import_tenants(storage, DEMO_TENANTS)
+    else:
+        _warn_of_demo_keys(storage)
     if settings.tenants:
         # start-up, before anything serves: a blocking read is fine here
         import_tenants(storage, Path(settings.tenants).read_bytes())
     settle_account_suspension(storage)  # (idempotent: writes only what an older import left)
     mark_overage_counting(storage, billing_period(now_ms))
+
+
+def _warn_of_demo_keys(storage: Storage) -> None:
+    """The demo tenant's keys are published in the README: say so when an earlier --demo left them live."""
+    from collector.tenants_admin import live_keys_among
+
+    live = live_keys_among(storage, DEMO_KEYS)
+    if live:
+        log.warning(
+            "the demo tenant's public keys are live in this data directory (%s): anyone can write with"
+            " them; revoke each with `collector keys revoke KEY`",
+            ", ".join(live),
+        )
 
 
 def bot_classifier(settings: Settings) -> BotClassifier:

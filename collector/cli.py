@@ -83,6 +83,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from collector.runtime import tune_gc
 
     settings = _settings_from(args)
+    if settings.demo_tenant and settings.production:
+        raise UsageError(
+            "--demo imports keys published in the README: use it with --env development only"
+        )
+    # What each worker would refuse at its start, refused once here (one line, exit 2).
+    from collector.app import bot_classifier, trusted_proxies
+
+    trusted_proxies(settings)
+    bot_classifier(settings)
     if settings.tenants:  # refused before anything opens or logs (it is read again when serving)
         from collector.access.tenants import parse_tenants_file
 

@@ -6,6 +6,7 @@ The keys are public on purpose: they exist for local trials only.
 DEMO_BROWSER_KEY = "cs_test_demo0000000000"
 DEMO_MOBILE_KEY = "cs_mob_live_demo0000000000"
 DEMO_SERVER_KEY = "cs_srv_live_demo0000000000"
+DEMO_KEYS = (DEMO_BROWSER_KEY, DEMO_MOBILE_KEY, DEMO_SERVER_KEY)
 
 DEMO_TENANTS = b"""{
   "keys": [

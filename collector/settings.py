@@ -21,8 +21,15 @@ class Environment(enum.StrEnum):
     DEVELOPMENT = "development"
 
 
+# Upper bounds: every number must be one the code can use (TOML has inf, and a
+# 17-digit map size overflowed LMDB's size type with a traceback).
+DAY_S = 86_400.0
+TEN_YEARS_H = 10 * 366 * 24.0
+MAX_MAP_MB = 1 << 30  # 1 PiB
+
+
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    data_dir: str = "./data"
+    data_dir: Annotated[str, msgspec.Meta(min_length=1)] = "./data"
     bind: str = "127.0.0.1:8080"
     env: Environment = Environment.PRODUCTION
     tenants: str | None = None
@@ -32,28 +39,28 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     # load balancers whose X-Forwarded-For names the visitor (CIDRs)
     trusted_proxies: list[str] = []
     # access: key cache (spec 5.6)
-    key_cache_ttl: Annotated[float, msgspec.Meta(ge=0)] = 120.0
-    key_negative_ttl: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+    key_cache_ttl: Annotated[float, msgspec.Meta(ge=0, le=DAY_S)] = 120.0
+    key_negative_ttl: Annotated[float, msgspec.Meta(ge=0, le=DAY_S)] = 30.0
     # privacy: the field-encryption key file (default: field-keys.json in data_dir)
     field_key_file: str | None = None
     # ingest
-    idempotency_window_hours: Annotated[float, msgspec.Meta(ge=24)] = 7 * 24.0
+    idempotency_window_hours: Annotated[float, msgspec.Meta(ge=24, le=TEN_YEARS_H)] = 7 * 24.0
     # retention (outbox entries also wait for every registered consumer)
-    outbox_retention_hours: Annotated[float, msgspec.Meta(gt=0)] = 7 * 24.0
-    retention_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
+    outbox_retention_hours: Annotated[float, msgspec.Meta(gt=0, le=TEN_YEARS_H)] = 7 * 24.0
+    retention_interval_s: Annotated[float, msgspec.Meta(gt=0, le=DAY_S)] = 60.0
     # session-replay chunks (POST /v1/replay) older than this are swept
-    replay_retention_hours: Annotated[float, msgspec.Meta(gt=0)] = 30 * 24.0
+    replay_retention_hours: Annotated[float, msgspec.Meta(gt=0, le=TEN_YEARS_H)] = 30 * 24.0
     # storage
-    map_size_mb: Annotated[int, msgspec.Meta(ge=1)] = 64
-    max_map_size_mb: Annotated[int, msgspec.Meta(ge=1)] = 1024 * 1024
-    writer_max_queue: Annotated[int, msgspec.Meta(ge=1)] = 2048
-    writer_max_group: Annotated[int, msgspec.Meta(ge=1)] = 256
+    map_size_mb: Annotated[int, msgspec.Meta(ge=1, le=MAX_MAP_MB)] = 64
+    max_map_size_mb: Annotated[int, msgspec.Meta(ge=1, le=MAX_MAP_MB)] = 1024 * 1024
+    writer_max_queue: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 2048
+    writer_max_group: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 256
     # HTTP server
     graceful_timeout: Annotated[float, msgspec.Meta(ge=0, le=9)] = 8.0
-    read_timeout: Annotated[float, msgspec.Meta(gt=0)] = 30.0
-    keep_alive_timeout: Annotated[float, msgspec.Meta(gt=0)] = 75.0
-    keep_alive_max_requests: Annotated[int, msgspec.Meta(ge=1)] = 100_000
-    backlog: Annotated[int, msgspec.Meta(ge=1)] = 1024
+    read_timeout: Annotated[float, msgspec.Meta(gt=0, le=DAY_S)] = 30.0
+    keep_alive_timeout: Annotated[float, msgspec.Meta(gt=0, le=DAY_S)] = 75.0
+    keep_alive_max_requests: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)] = 100_000
+    backlog: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 1024
     access_log: bool = True
     # processes: `serve --workers N` runs N worker processes on one socket and one environment
     workers: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
@@ -88,7 +95,12 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
         raw = environ.get(f"COLLECTOR_{name.upper()}")
         if raw is None:
             continue
-        values[name] = raw.split(",") if name in ("trusted_origin", "trusted_proxies") else raw
+        if not raw.strip():
+            continue  # set but empty (an env file's NAME=): as if unset, so data_dir is ./data, not "."
+        if name in ("trusted_origin", "trusted_proxies"):
+            values[name] = [item.strip() for item in raw.split(",") if item.strip()]
+        else:
+            values[name] = raw
     return values
 
 
@@ -106,7 +118,7 @@ def load_settings(
                 merged.update(tomllib.load(handle))
         except OSError as exc:
             raise SettingsError(f"cannot read config file {config_file}: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise SettingsError(f"config file {config_file} is not valid TOML: {exc}") from None
     merged.update({k: v for k, v in flags.items() if v is not None and v != []})
     try:
@@ -115,7 +127,28 @@ def load_settings(
     except msgspec.ValidationError as exc:
         raise SettingsError(f"invalid setting: {exc}") from None
     _check_bind(settings.bind)
+    if settings.map_size_mb > settings.max_map_size_mb:
+        raise SettingsError(
+            f"invalid setting: map_size_mb ({settings.map_size_mb}) is over max_map_size_mb ({settings.max_map_size_mb})"
+        )
+    for origin in settings.trusted_origin:
+        _check_origin(origin)
     return settings
+
+
+def _check_origin(origin: str) -> None:
+    """A trusted dashboard origin is an origin as browsers send it: scheme://host[:port], nothing more."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(origin)
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:
+        port_ok = False
+    if not port_ok or parts.scheme not in ("http", "https") or not parts.hostname or origin != origin.strip() or (
+        parts.path or parts.query or parts.fragment or parts.username or parts.password
+    ):
+        raise SettingsError(f"invalid setting: trusted_origin must be scheme://host[:port], got {origin!r}")
 
 
 def _check_bind(bind: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 
 import msgspec
@@ -185,6 +185,17 @@ def list_records(
                 raise
             on_unreadable(f"{key[:12]}...", exc)
     return records
+
+
+def live_keys_among(storage: Storage, keys: Iterable[str]) -> list[str]:
+    """Those of `keys` stored and not revoked."""
+    live = []
+    for key in keys:
+        raw = key_store.get_key(storage, key)
+        record = _readable(raw) if raw is not None else None
+        if record is not None and record.revokedAt is None:
+            live.append(key)
+    return live
 
 
 def _now_iso() -> str:

@@ -356,6 +356,12 @@ def test_bad_operator_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     foreign_data = (foreign / "data.mdb").read_bytes()
     served = tmp_path / "served"  # a real data directory (its default field key file is not there)
     run_cli("tenants", "import", str(write_tenants(tmp_path / "tenants.json")), data_dir=served)
+
+    def config(name: str, text: bytes) -> Path:
+        path = tmp_path / f"{name}.toml"
+        path.write_bytes(text)
+        return path
+
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
@@ -387,6 +393,22 @@ def test_bad_operator_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
          "no field key file"),
         (["outbox", "dump", "--after", "-5", "--data-dir", str(tmp_path)], "sequence number"),
         (["usage", "show", "--period", "2026-13", "--data-dir", str(tmp_path)], "YYYY-MM"),
+        # settings that ended in a traceback (audit helper-40)
+        (["serve", "--bind", "127.0.0.1:0", "--config", str(config("binary", b"\xff\xfe"))], "not valid TOML"),
+        (["serve", "--bind", "127.0.0.1:0", "--config", str(config("inf", b"outbox_retention_hours = inf"))],
+         "outbox_retention_hours"),
+        (["serve", "--bind", "127.0.0.1:0", "--config", str(config("map", b"map_size_mb = 99999999999999999"))],
+         "map_size_mb"),
+        (["serve", "--bind", "127.0.0.1:0", "--config", str(config("backlog", b"backlog = 9223372036854775807"))],
+         "backlog"),
+        (["serve", "--bind", "127.0.0.1:0", "--workers", "2",
+          "--config", str(config("proxies", b'trusted_proxies = ["bogus"]'))], "trusted_proxies"),
+        (["serve", "--bind", "127.0.0.1:0", "--config",
+          str(config("order", b"map_size_mb = 2048\nmax_map_size_mb = 1024"))], "max_map_size_mb"),
+        (["serve", "--bind", "127.0.0.1:0", "--trusted-origin", "https://dash.example/path"], "trusted_origin"),
+        (["serve", "--bind", "127.0.0.1:0", "--data-dir", ""], "data_dir"),
+        # the demo keys are public: never in production (helper-40)
+        (["serve", "--bind", "127.0.0.1:0", "--demo"], "--env development"),
     ]
     try:
         for argv in cases:

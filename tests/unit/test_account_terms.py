@@ -166,3 +166,19 @@ def test_a_billing_move_of_the_longest_client_id_is_recorded(tmp_path: Path) -> 
             assert billing_move(txn, storage.dbs.meta, client) != ""
     finally:
         storage.close()
+
+
+def test_live_demo_keys_are_found_until_revoked(tmp_path: Path) -> None:
+    # serve without --demo warns of the public keys an earlier --demo left live (audit helper-40)
+    from collector.demo import DEMO_KEYS, DEMO_TENANTS
+    from collector.tenants_admin import live_keys_among, revoke_key
+
+    storage = Storage(tmp_path)
+    try:
+        assert live_keys_among(storage, DEMO_KEYS) == []
+        import_tenants(storage, DEMO_TENANTS)
+        assert live_keys_among(storage, DEMO_KEYS) == list(DEMO_KEYS)
+        revoke_key(storage, DEMO_KEYS[0])
+        assert live_keys_among(storage, DEMO_KEYS) == list(DEMO_KEYS[1:])
+    finally:
+        storage.close()

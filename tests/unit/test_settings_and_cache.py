@@ -41,6 +41,21 @@ def test_bad_settings_name_the_field(tmp_path: Path) -> None:
         load_settings({}, config_file=str(config), environ={})
 
 
+def test_an_empty_environment_variable_is_unset_and_lists_are_trimmed() -> None:
+    # COLLECTOR_DATA_DIR= served from the working directory, and a list with a space
+    # after its comma was refused (audit helper-40).
+    settings = load_settings({}, environ={
+        "COLLECTOR_DATA_DIR": "", "COLLECTOR_TRUSTED_PROXIES": "10.0.0.0/8, 192.168.0.0/16,",
+        "COLLECTOR_TRUSTED_ORIGIN": " https://dash.example.com ",
+    })
+    assert settings.data_dir == "./data"
+    assert settings.trusted_proxies == ["10.0.0.0/8", "192.168.0.0/16"]
+    assert settings.trusted_origin == ["https://dash.example.com"]
+    for origin in ("not a url", "*", "https://dash.example.com/", "ftp://x", "https://x:0"):
+        with pytest.raises(SettingsError, match="trusted_origin"):
+            load_settings({"trusted_origin": [origin]}, environ={})
+
+
 def test_key_cache_ttls_and_unreadable_store(tmp_path: Path) -> None:
     storage = Storage(tmp_path)
     now = [0.0]
