@@ -97,8 +97,34 @@ def normalize_plan(value: str) -> Plan:
     return Plan.PAID if value.strip().lower() in _PAID_ALIASES else Plan.FREE
 
 
+# The file's entries: a key record's own fields only. The service-side fields
+# (`revokedAt`, `replacedBy`, `account*`) are written by the collector: from a
+# file, `replacedBy` handed another tenant's key to this one (audit helper-40).
+FILE_FIELDS = (
+    "key", "clientId", "name", "plan", "rateLimit", "createdAt", "keyType", "permissions", "sites",
+    "suspended", "overage", "billingAccount", "contract",
+)  # fmt: skip
+KeyEntry = msgspec.defstruct(
+    "KeyEntry",
+    [
+        (field.name, field.type, msgspec.field(default_factory=field.default_factory)
+         if field.default_factory is not msgspec.NODEFAULT else field.default)
+        for field in msgspec.structs.fields(KeyRecord)
+        if field.name in FILE_FIELDS
+    ],
+    forbid_unknown_fields=True,
+)
+
+
 class TenantsFile(msgspec.Struct, forbid_unknown_fields=True):
-    keys: list[KeyRecord]
+    keys: list[KeyEntry]  # type: ignore[valid-type]
+
+
+# Spec 5.3's scopes; a key restricted to a misspelt one could do nothing at all.
+SCOPES = frozenset({"events:write", "live:read", "signals:read", "signals:stream", "events:read"})
+# Plan names: spec 2.1's two, and the older values its normalisation covers.
+_FREE_ALIASES = frozenset({"free", "explore", "trial", "starter", "hobby", "developer"})
+_NAME_TEXT = re.compile(r"[^\x00]+")  # ids are joined with NUL in storage keys: one in an id could collide
 
 
 class TenantsFileError(ValueError):
@@ -123,8 +149,10 @@ def parse_tenants_file(data: bytes) -> list[KeyRecord]:
         raise TenantsFileError(f"tenants file is not valid JSON: {exc}") from None
     except UnicodeDecodeError as exc:
         raise TenantsFileError(f"tenants file is not valid UTF-8: {exc}") from None
+    records = [KeyRecord(**msgspec.structs.asdict(entry)) for entry in parsed.keys]
     seen: set[str] = set()
-    for index, record in enumerate(parsed.keys):
+    for index, record in enumerate(records):
+        _check_entry(record, index)
         if record.key in seen:
             raise TenantsFileError(f"invalid tenants file: duplicate key at $.keys[{index}]")
         if not _KEY_TEXT.fullmatch(record.key):
@@ -147,7 +175,32 @@ def parse_tenants_file(data: bytes) -> list[KeyRecord]:
                 f"invalid tenants file: a {record.key_type} key belongs to one property"
                 f" - at $.keys[{index}].sites"
             )
-    return parsed.keys
+    return records
+
+
+def _check_entry(record: KeyRecord, index: int) -> None:
+    """What the schema cannot say about one entry; TenantsFileError names the field."""
+    where = f"$.keys[{index}]"
+    plans = [(f"{where}.plan", record.plan)]
+    plans += [(f"{where}.sites[{n}].plan", site.plan) for n, site in enumerate(record.sites) if site.plan is not None]
+    for at, plan in plans:
+        if plan.strip().lower() not in _PAID_ALIASES | _FREE_ALIASES:
+            raise TenantsFileError(f"invalid tenants file: plan {plan!r} is not free or paid - at {at}")
+    for position, scope in enumerate(record.permissions):
+        if scope not in SCOPES:
+            raise TenantsFileError(
+                f"invalid tenants file: unknown permission {scope!r} (scopes: {', '.join(sorted(SCOPES))})"
+                f" - at {where}.permissions[{position}]"
+            )
+    names = [(f"{where}.clientId", record.clientId), (f"{where}.billingAccount", record.billingAccount)]
+    names += [(f"{where}.sites[{n}].siteId", site.siteId) for n, site in enumerate(record.sites)]
+    for at, name in names:
+        if name is not None and not _NAME_TEXT.fullmatch(name):
+            raise TenantsFileError(f"invalid tenants file: a NUL character in {name!r} - at {at}")
+    if record.key_type is not KeyType.BROWSER and any(site.domains for site in record.sites):
+        raise TenantsFileError(
+            f"invalid tenants file: a {record.key_type} key has no domains (spec 2.1) - at {where}.sites"
+        )
 
 
 def encode_record(record: KeyRecord) -> bytes:

@@ -134,7 +134,18 @@ def test_cli_tenants_import_list_and_errors(tmp_path: Path) -> None:
     # a field name with line breaks made a three-line message.
     for name, record in (("emoji.json", {"key": "cs_live_" + "\U0001F600" * 200, "clientId": "e"}),
                          ("spaced.json", {"key": " cs_live_abcd", "clientId": "e"}),
-                         ("newline.json", {"key": "cs_live_new0000000", "clientId": "n", "bo\ngus\r\nX": 1})):
+                         ("newline.json", {"key": "cs_live_new0000000", "clientId": "n", "bo\ngus\r\nX": 1}),
+                         # service-side fields, unknown plans and scopes, a NUL in an id, a mobile
+                         # key's domains: refused (audit helper-40; replacedBy handed another
+                         # tenant's key to this one, a typo'd plan was free, a typo'd scope left a
+                         # key able to do nothing)
+                         ("replaced.json", {"key": "cs_live_new0000000", "clientId": "n", "replacedBy": BROWSER_KEY}),
+                         ("revoked.json", {"key": "cs_live_new0000000", "clientId": "n", "revokedAt": "2026"}),
+                         ("plan.json", {"key": "cs_live_new0000000", "clientId": "n", "plan": "piad"}),
+                         ("scope.json", {"key": "cs_live_new0000000", "clientId": "n", "permissions": ["EVENTS:WRITE"]}),
+                         ("nul.json", {"key": "cs_live_new0000000", "clientId": "n\u0000b"}),
+                         ("mobile.json", {"key": "cs_live_new0000000", "clientId": "n", "keyType": "mobile",
+                                          "sites": [{"siteId": "app", "domains": ["n.com"]}]})):
         path = tmp_path / name
         path.write_text(json.dumps({"keys": [record]}))
         result = run_cli("tenants", "import", str(path), data_dir=data_dir, check=False)
