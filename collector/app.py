@@ -45,6 +45,7 @@ from collector.ingest.bots import BotClassifier
 from collector.limits.buckets import RateLimiter
 from collector.limits.usage import billing_period
 from collector.metrics import Metrics, gauge
+from collector.metrics_share import SharedMetrics, publish_every_second
 from collector.runtime import STOP_SIGNALS, early_stop_signal
 from collector.services import Services, wall_clock
 from collector.settings import Settings, SettingsError, load_cidrs
@@ -151,14 +152,27 @@ def build_services(
         worker_index=worker_index,
         workers=settings.workers,
     )
-    metrics.add_gauges(lambda: _component_gauges(services))
+    metrics.add_gauges(lambda: _process_gauges(services))
+    metrics.add_gauges(lambda: _node_gauges(services), node=True)
     return services
 
 
-def _component_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
-    # per process: with `serve --workers N` a scrape is answered by one worker
-    yield gauge("collector_worker_index", "Index of the worker process that answered (0-based)", services.worker_index)
+def _node_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
+    """The node's storage, outbox and meters: the same whichever worker reads them."""
     yield gauge("collector_workers", "Worker processes serving (serve --workers)", services.workers)
+    map_size, used = services.storage.usage()
+    yield gauge("collector_lmdb_map_size_bytes", "LMDB map size", map_size)
+    yield gauge("collector_lmdb_used_bytes", "LMDB pages in use", used)
+    yield gauge("collector_outbox_last_seq", "Sequence number of the newest outbox entry", last_seq(services.storage))
+    with services.storage.read() as txn:
+        entries = txn.stat(services.storage.dbs.outbox)["entries"]
+    yield gauge("collector_outbox_entries", "Outbox entries kept (retention removes old ones)", entries)
+    yield from _meter_gauges(services)
+
+
+def _process_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
+    # per process: under `serve --workers N` every worker's, labelled worker="I" (collector/metrics_share.py)
+    yield gauge("collector_worker_index", "Index of the worker process that answered (0-based)", services.worker_index)
     stats = services.writer.statistics()
     yield gauge("collector_writer_queue_depth", "Jobs waiting for the writer", stats.queued)
     yield gauge("collector_writer_transactions", "Group-commit transactions committed", stats.transactions)
@@ -169,14 +183,6 @@ def _component_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
     yield gauge("collector_writer_healthy", "1 while the last commit succeeded", 1 if services.writer.healthy else 0)
     yield gauge("collector_lmdb_map_growths", "Times this process doubled the LMDB map", stats.map_growths)
     yield gauge("collector_lmdb_map_adoptions", "Times this process adopted a map another worker grew", stats.map_adoptions)
-    map_size, used = services.storage.usage()
-    yield gauge("collector_lmdb_map_size_bytes", "LMDB map size", map_size)
-    yield gauge("collector_lmdb_used_bytes", "LMDB pages in use", used)
-    yield gauge("collector_outbox_last_seq", "Sequence number of the newest outbox entry", last_seq(services.storage))
-    with services.storage.read() as txn:
-        entries = txn.stat(services.storage.dbs.outbox)["entries"]
-    yield gauge("collector_outbox_entries", "Outbox entries kept (retention removes old ones)", entries)
-    yield from _meter_gauges(services)
     fold = services.commit_fold
     yield gauge("collector_visitor_fold_at_commit_groups", "Groups this process folded into visitors as it committed them", fold.groups)
     yield gauge("collector_visitor_fold_at_commit_events", "Outbox entries those groups held", fold.events)
@@ -268,13 +274,15 @@ async def serve(
     *,
     clock: Callable[[], float] = wall_clock,
     worker_index: int = 0,
+    metrics_dir: str | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled or signalled; reports the bound URLs through task_status.
 
     With `serve --workers N` (collector/workers.py) this runs in each worker
     process; only worker 0 runs the retention sweep and the outbox consumers
-    (the visitor projection): singletons over the shared environment.
+    (the visitor projection): singletons over the shared environment. The
+    workers share their metrics through `metrics_dir` (collector/metrics_share.py).
     """
     storage = open_storage(settings)
     try:
@@ -284,6 +292,9 @@ async def serve(
         app = build_asgi(services)
         async with trio.open_nursery() as outer:
             await outer.start(services.writer.run)
+            if metrics_dir is not None:
+                shared = services.metrics.shared = SharedMetrics(metrics_dir, worker_index)
+                outer.start_soon(publish_every_second, shared, services.metrics.process_families)
             if settings.access_log:
                 outer.start_soon(flush_access_log)
             if worker_index == 0:  # singletons: one per environment, not one per worker

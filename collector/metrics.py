@@ -16,7 +16,10 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
+
+from collector.metrics_share import SharedMetrics
 
 EVENT_OUTCOMES = ("accepted", "duplicate", "rejected", "dropped")
 # Counters with one free label: name -> (help, label name)
@@ -54,6 +57,11 @@ class Metrics:
         )
         self._gauges: list[Callable[[], Iterator[GaugeMetricFamily]]] = []
         self.registry.register(_GaugeCollector(self._gauges))
+        # node-wide gauges (storage, outbox, meters): the same from every worker
+        self._node_gauges: list[Callable[[], Iterator[GaugeMetricFamily]]] = []
+        self._node_collector = _GaugeCollector(self._node_gauges)
+        self.registry.register(self._node_collector)
+        self.shared: SharedMetrics | None = None  # set under `serve --workers N`
 
     def count_request(self, route: str, status: int) -> None:
         """Called on the event loop thread only."""
@@ -101,11 +109,33 @@ class Metrics:
         self.commit_seconds.observe(seconds)
         self.commit_group_size.observe(group_size)
 
-    def add_gauges(self, produce: Callable[[], Iterator[GaugeMetricFamily]]) -> None:
-        self._gauges.append(produce)
+    def add_gauges(self, produce: Callable[[], Iterator[GaugeMetricFamily]], *, node: bool = False) -> None:
+        """Gauges of this process, or with `node` of the whole node (stated once under --workers)."""
+        (self._node_gauges if node else self._gauges).append(produce)
+
+    def process_families(self) -> list[Metric]:
+        """Everything this process counts by itself (what a worker shares with the others)."""
+        families: list[Metric] = list(self.counter_families())
+        families += [*self.commit_seconds.collect(), *self.commit_group_size.collect()]
+        for produce in self._gauges:
+            families += produce()
+        return families
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if self.shared is None:
+            return generate_latest(self.registry)
+        self.shared.publish(self.process_families())
+        return generate_latest(_Families([*self.shared.gather(), *self._node_collector.collect()]))
+
+
+class _Families(Collector):
+    """A registry's worth of families gathered already (generate_latest takes any collector)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)
 
 
 class _CounterCollector(Collector):

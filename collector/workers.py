@@ -33,10 +33,12 @@ import contextlib
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -91,10 +93,12 @@ def prepare_storage(settings: Settings) -> None:
 def run_supervisor(settings: Settings, sock: socket.socket) -> int:
     """`collector serve --workers N` (N > 1) in the parent, on listening `sock`; returns the exit status."""
     prepare_storage(settings)
+    supervisor = Supervisor(settings, sock)
     try:
-        return trio.run(Supervisor(settings, sock).run)
+        return trio.run(supervisor.run)
     finally:
         sock.close()
+        shutil.rmtree(supervisor.metrics_dir, ignore_errors=True)
 
 
 class Supervisor:
@@ -107,6 +111,8 @@ class Supervisor:
         self.child_settings = msgspec.json.encode(child).decode()
         self.env = {k: v for k, v in os.environ.items() if k not in _CHILD_ENV_DROP}
         self.procs: dict[int, Child] = {}
+        # where the workers share their metrics (collector/metrics_share.py); removed at exit
+        self.metrics_dir = tempfile.mkdtemp(prefix="collector-metrics-")
         self.stopping = trio.Event()
         self.starting = trio.CancelScope()  # the first start of every worker; a stop signal cancels it
         self.failed: str | None = None
@@ -197,6 +203,7 @@ class Supervisor:
             "--index", str(index),
             "--parent", str(os.getpid()),
             "--settings", self.child_settings,
+            "--metrics-dir", self.metrics_dir,
         ]  # fmt: skip
         # Spawned from the trio thread itself, not a worker thread (trio's
         # open_process): PR_SET_PDEATHSIG fires when the *thread* that forked
@@ -326,13 +333,14 @@ def child_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--settings", required=True)
+    parser.add_argument("--metrics-dir", required=True)
     args = parser.parse_args(argv)
     report_fatal_signals()
     _die_with_parent(args.parent)
     settings = msgspec.json.decode(args.settings, type=Settings)
     configure_logging()
     tune_gc()  # every worker serves like a one-process collector does
-    trio.run(partial(serve, settings, worker_index=args.index))
+    trio.run(partial(serve, settings, worker_index=args.index, metrics_dir=args.metrics_dir))
     return 0
 
 

@@ -59,19 +59,20 @@ class Workers:
         self.proc.wait(timeout=10)
 
 
-def metric(text: str, name: str) -> float:
-    match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M)
-    assert match, name
+def metric(text: str, name: str, worker: int | None = None) -> float:
+    """A sample without labels, or with `worker`, its value from that worker's labelled sample."""
+    labels = "" if worker is None else rf'\{{worker="{worker}"\}}'
+    match = re.search(rf"^{name}{labels} ([0-9.e+]+)$", text, re.M)
+    assert match, (name, worker)
     return float(match.group(1))
 
 
-def per_worker_metrics(url: str, workers: int) -> dict[int, str]:
-    """/metrics is per process: scrape on fresh connections until every worker answered."""
-    seen: dict[int, str] = {}
+def answering_workers(url: str, workers: int) -> set[int]:
+    """Ask /healthz on fresh connections until every worker has answered."""
+    seen: set[int] = set()
     deadline = time.monotonic() + 20
     while len(seen) < workers and time.monotonic() < deadline:
-        text = httpx.get(url + "/metrics", timeout=5, headers={"Connection": "close"}).text
-        seen[int(metric(text, "collector_worker_index"))] = text
+        seen.add(httpx.get(url + "/healthz", timeout=5, headers={"Connection": "close"}).json()["worker"])
     return seen
 
 
@@ -118,14 +119,13 @@ def test_two_workers_share_socket_and_environment_across_map_growth(tmp_path: Pa
         trio.run(post_load, server.url, 6.0, acknowledged, pids)
         assert len(acknowledged) > 1000
         assert set(pids) == set(server.children()), f"not every worker answered: {pids}"
-        scrapes = per_worker_metrics(server.url, 2)
-        assert set(scrapes) == {0, 1}
-        for text in scrapes.values():
-            assert metric(text, "collector_workers") == 2
-            assert metric(text, "collector_writer_requests_committed") > 0  # both wrote
-            assert metric(text, "collector_lmdb_map_size_bytes") > 1024 * 1024  # both see the growth
-        growths = sum(metric(t, "collector_lmdb_map_growths") for t in scrapes.values())
-        assert growths >= 1
+        # one scrape shows every worker (labelled) and the node's gauges once
+        text = httpx.get(server.url + "/metrics", timeout=5).text
+        assert metric(text, "collector_workers") == 2
+        assert metric(text, "collector_lmdb_map_size_bytes") > 1024 * 1024  # the map grew
+        for worker in (0, 1):
+            assert metric(text, "collector_writer_requests_committed", worker) > 0  # both wrote
+        assert sum(metric(text, "collector_lmdb_map_growths", worker) for worker in (0, 1)) >= 1
         # rate headers state the key-wide limit; each worker holds half of it
         response = httpx.post(server.url + "/v1/events", json={"events": [click("one-more")]}, headers=H)
         assert response.headers["X-RateLimit-Limit"] == str(60 * 5000)
@@ -182,13 +182,43 @@ def test_a_worker_that_dies_is_restarted(tmp_path: Path) -> None:
         else:
             raise AssertionError("the killed worker was not restarted")
         assert first[0] in now
-        # the replacement serves (scrapes on fresh connections until both answered)
-        assert set(per_worker_metrics(server.url, 2)) == {0, 1}
+        # the replacement serves (asked on fresh connections until both answered)
+        assert answering_workers(server.url, 2) == {0, 1}
         response = httpx.post(server.url + "/v1/events", json={"events": [click("after")]}, headers=H)
         assert response.status_code == 202
     finally:
         assert server.stop() == 0
     assert dump_counts(server.data_dir)["after"] == 1
+
+
+def test_every_scrape_counts_every_worker_and_never_goes_back(tmp_path: Path) -> None:
+    """/metrics under --workers: each worker's counters, labelled, whichever worker answers.
+
+    A scrape was answered with the accepting worker's own counters alone: they
+    went up and down from scrape to scrape (read as counter resets), and no
+    scraper can pick a worker on a shared socket (audit helper-38).
+    """
+    server = Workers(tmp_path, 2)
+    series = 'collector_requests_total{route="/v1/events",status="202",worker="%d"}'
+    try:
+        sent = 0
+        for batch in range(40):  # fresh connections: both workers take some
+            response = httpx.post(server.url + "/v1/events", json={"events": [click(f"m{batch}")]},
+                                  headers={**H, "Connection": "close"})
+            sent += response.status_code == 202
+        time.sleep(1.5)  # every worker has published since
+        last = {0: 0.0, 1: 0.0}
+        for _ in range(12):
+            text = httpx.get(server.url + "/metrics", timeout=5, headers={"Connection": "close"}).text
+            now = {worker: float(re.search(re.escape(series % worker) + r" (\S+)", text).group(1))  # type: ignore[union-attr]
+                   for worker in (0, 1)}
+            assert all(now[w] >= last[w] for w in now), (last, now)
+            assert sum(now.values()) == sent, (now, sent)
+            last = now
+        assert all(last.values()), "one worker took no request"
+        assert text.count("# TYPE collector_workers gauge") == 1 and "collector_workers 2.0" in text
+    finally:
+        assert server.stop() == 0
 
 
 def test_sigterm_while_a_worker_restarts_is_a_clean_stop(tmp_path: Path) -> None:
