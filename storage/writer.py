@@ -29,8 +29,10 @@ import trio
 from storage.env import Storage
 from storage.errors import StorageError, StorageFull, WriterBusy
 from storage.outbox import NEXT_SEQ, Appended
+from storage.throttled_log import ThrottledLog
 
 log = logging.getLogger("collector.writer")
+_commit_failed = ThrottledLog(log, logging.ERROR)  # a full disk fails every commit until it clears
 
 
 class JobRefused(Exception):
@@ -247,7 +249,7 @@ class GroupCommitWriter:
                 message = str(exc)
                 full = "No space" in message or "MDB_MAP_FULL" in message
                 error: StorageError = StorageFull(message) if full else StorageError(message)
-                log.error("commit failed: %s", message)
+                _commit_failed("commit failed: %s", message)
                 self._fail(pending, error)
                 return
             if isinstance(outcome, _Ticket):

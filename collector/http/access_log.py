@@ -68,10 +68,7 @@ def log_request(
             "clientId": client_id,
             "latencyMs": round((perf_now - started) * 1000, 3),
             # A client-chosen id is written to disk here: never a card number (spec 4.1 rule 5).
-            "requestId": (
-                "[holds a payment card number]" if text_has_card(utf8_header(request.request_id))
-                else request.request_id
-            ),
+            "requestId": _loggable_id(request.request_id),
         }
     )
     if not _pending:
@@ -79,6 +76,23 @@ def log_request(
     _pending.append(line)
     if len(_pending) >= MAX_LINES or perf_now - _first_pending_at >= MAX_DELAY_S:
         flush()
+
+
+_C1_CONTROLS = {code: "\ufffd" for code in range(0x80, 0xA0)}
+
+
+def _loggable_id(request_id: str) -> str:
+    """The client's X-Request-ID as a log line may hold it.
+
+    Read as the UTF-8 it was sent in (the header arrives as Latin-1 text: "é"
+    was logged as "Ã©"); C1 controls, which JSON leaves raw and some terminals
+    obey (U+009B starts an escape sequence), become U+FFFD; a card number is
+    never written (spec 4.1 rule 5).
+    """
+    text = utf8_header(request_id)
+    if text_has_card(text):
+        return "[holds a payment card number]"
+    return text.translate(_C1_CONTROLS)
 
 
 def flush() -> None:

@@ -37,8 +37,10 @@ from collector.limits.buckets import rate_headers, refusal
 from collector.limits.rates import bucket_id, ingest_scope, scope_rate
 from collector.services import Services
 from storage.errors import StorageError, WriterBusy
+from storage.throttled_log import ThrottledLog
 
 log = logging.getLogger("collector.http")
+_storage_unavailable = ThrottledLog(log, logging.WARNING)  # every request fails alike until storage recovers
 _encoder = msgspec.json.Encoder()
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -190,7 +192,7 @@ def make_write_handler(
             return
         except (WriterBusy, StorageError) as exc:
             # The access line says 503 storage_unavailable; this says why.
-            log.warning("storage unavailable on %s: %s", route, exc)
+            _storage_unavailable("storage unavailable on %s: %s", route, exc)
             unavailable = ServiceError("storage_unavailable", f"nothing was stored ({exc}); {retry_hint}")
             status, answer, error_code = unavailable.status, render_error(unavailable), unavailable.code
             headers.extend(unavailable.response_headers().items())

@@ -26,3 +26,12 @@ def test_a_card_in_the_request_id_is_redacted_however_it_is_spaced(
     for header in (b"4111111111111111", "4111\u00a01111\u00a01111\u00a01111".encode()):
         assert _logged_id(header, capsys) == "[holds a payment card number]", header
     assert _logged_id(b"req-2024-000123", capsys) == "req-2024-000123"
+
+
+def test_a_request_id_is_logged_as_the_utf8_sent_without_c1_controls(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # "é" was logged as "Ã©", and U+009B (CSI, which terminals obey) raw (audit helper-39)
+    monkeypatch.setattr(access_log.access, "level", logging.INFO)
+    assert _logged_id("café-1".encode(), capsys) == "café-1"
+    assert _logged_id("x\u009b31m-y".encode(), capsys) == "x\ufffd31m-y"

@@ -1,0 +1,23 @@
+"""A storage failure's log line repeats at most once a minute, counting what it stood for."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from storage.throttled_log import ThrottledLog
+
+
+def test_a_burst_is_one_line_then_one_a_minute_with_its_count(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    logged = ThrottledLog(logging.getLogger("test.throttled"), logging.ERROR, clock=lambda: now[0])
+    with caplog.at_level(logging.ERROR, logger="test.throttled"):
+        for second in range(0, 130):  # a failure every second for over two minutes
+            now[0] = float(second)
+            logged("commit failed: %s", "No space left on device")
+    assert [record.getMessage() for record in caplog.records] == [
+        "commit failed: No space left on device",
+        "commit failed: No space left on device (59 more like it since the last such line)",
+        "commit failed: No space left on device (59 more like it since the last such line)",
+    ]
