@@ -110,23 +110,15 @@ class Collector:
     def writer_counts(self) -> tuple[float, float]:
         """(requests committed, transactions) from /metrics, summed over the workers.
 
-        /metrics is per worker process: scrape on fresh connections until each
-        worker answered once (gives up after 50 tries; then the sum is partial).
+        One scrape covers every worker (their samples labelled worker="I"; the
+        figures of a worker other than the one answering are up to a second old).
         """
-        seen: dict[int, tuple[float, float]] = {}
-        for _ in range(50 if self.workers > 1 else 1):
-            text = httpx.get(self.url + "/metrics", timeout=10, headers={"Connection": "close"}).text
-            values = {}
-            for name in ("collector_writer_requests_committed", "collector_writer_transactions",
-                         "collector_worker_index"):  # fmt: skip
-                match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M)
-                values[name] = float(match.group(1)) if match else 0.0
-            seen[int(values["collector_worker_index"])] = (
-                values["collector_writer_requests_committed"], values["collector_writer_transactions"]
-            )
-            if len(seen) >= self.workers:
-                break
-        return sum(v[0] for v in seen.values()), sum(v[1] for v in seen.values())
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+
+        def total(name: str) -> float:
+            return sum(float(value) for value in re.findall(rf'^{name}(?:{{worker="\d+"}})? ([0-9.e+]+)$', text, re.M))
+
+        return total("collector_writer_requests_committed"), total("collector_writer_transactions")
 
     def stop(self) -> None:
         self.proc.terminate()

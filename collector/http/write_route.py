@@ -75,16 +75,29 @@ def preflight_gate(services: Services, request: Request) -> None:
 
 
 def refuse_payment_headers(services: Services, request: Request) -> None:
-    """Spec 4.1 rule 5 covers the whole request: the Idempotency-Key becomes stored event ids.
+    """Spec 4.1 rule 5 covers the whole request, not only its body.
 
+    The Idempotency-Key becomes stored event ids; the Referer and the query
+    string are where a checkout page's URL puts a card number (a beacon's
+    `?key=` itself excepted: a key is random text). The authentication headers
+    are left alone: a signature's hex or a key may hold a Luhn-valid digit run.
     (X-Request-ID is stored nowhere; the access log writes a card-bearing one redacted.)
     """
+    where = None
     value = request.headers.get("idempotency-key")
     if value and text_has_card(utf8_header(value)):  # read as it will be stored
+        where = "the Idempotency-Key header"
+    elif (referer := request.headers.get("referer")) and text_has_card(utf8_header(referer)):
+        where = "the Referer header"
+    elif request.scope.get("query_string") and any(
+        text_has_card(text) for name, param in request.query.items() for text in (name, param) if name != "key"
+    ):
+        where = "the query string"
+    if where is not None:
         error = ServiceError(
             "prohibited_payment_data",
-            "payment-instrument material is not accepted (the Idempotency-Key header holds a payment"
-            " card number); nothing was stored",
+            f"payment-instrument material is not accepted ({where} holds a payment card number);"
+            " nothing was stored",
         )
         # Refused before the gate, but a known key's response still carries its
         # rate headers (spec 8.2: on every authenticated response; no token is taken).

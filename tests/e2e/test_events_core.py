@@ -276,8 +276,16 @@ async def test_a_card_number_in_a_header_the_write_keeps_refuses_it(server: Runn
         assert (response.status_code, response.json()["error"]) == (400, "prohibited_payment_data"), key
         # an authenticated response: it carries the key's rate headers (audit helper-42)
         assert response.headers["X-RateLimit-Scope"] == "ingest", response.headers
+    # spec 4.1 rule 5, "anywhere in the request": a checkout page's URL in the Referer
+    # or in the query string (audit helper-41: both were 202)
+    for headers, params in (({**H, "Referer": "https://acme.com/checkout?cc=4111+1111+1111+1111"}, {}),
+                            (H, {"cc": "4111 1111 1111 1111"}), (H, {"4111111111111111": "x"})):
+        response = await server.client.post("/v1/events", content=json.dumps(pageview("q")).encode(),
+                                            headers=headers, params=params)
+        assert (response.status_code, response.json()["error"]) == (400, "prohibited_payment_data"), params
     assert await outbox_dump(server.data_dir) == []
-    fine = await post(server, event, headers={**H, "Idempotency-Key": "order-2024-000123"})
+    fine = await post(server, event, headers={**H, "Idempotency-Key": "order-2024-000123",
+                                              "Referer": "https://acme.com/order/2024-000123?ts=1795509105242"})
     assert fine.json()["ledgerKeys"] == ["acme/order-2024-000123/0"]
 
 
