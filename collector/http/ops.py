@@ -11,11 +11,13 @@ anything these routes need. GET and HEAD; any other method is 405 with
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Awaitable, Callable
 
 import trio
 
 from collector.errors import ServiceError
+from collector.http.access_log import log_request
 from collector.http.asgi import (
     JSON_CONTENT_TYPE,
     Receive,
@@ -87,7 +89,9 @@ def _route(
     content_type: tuple[bytes, bytes] = JSON_CONTENT_TYPE,
 ) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
     async def handle(scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
         request = Request(scope)
+        code: str | None
         if request.method not in ("GET", "HEAD"):
             error = ServiceError(
                 "method_not_allowed",
@@ -96,13 +100,17 @@ def _route(
             )
             services.metrics.count_request(path, error.status)
             await send_refusal(request, receive, send, error, [("X-Request-ID", request.request_id)])
-            return
-        status, body, headers = await answer()
-        services.metrics.count_request(path, status)
-        headers.append(("X-Request-ID", request.request_id))
-        await send_response(
-            send, status, body, headers, content_type, head=request.method == "HEAD"
-        )
+            status, code = error.status, error.code
+        else:
+            status, body, headers = await answer()
+            services.metrics.count_request(path, status)
+            headers.append(("X-Request-ID", request.request_id))
+            await send_response(
+                send, status, body, headers, content_type, head=request.method == "HEAD"
+            )
+            code = None if status < 400 else "not_ready"
+        if services.settings.access_log:
+            log_request(request, path, status, code, None, started)
 
     return handle
 

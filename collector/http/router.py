@@ -8,12 +8,14 @@ once they exist. Unknown paths answer in the spec's error format.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from urllib.parse import unquote, urlsplit
 
 from quart_trio import QuartTrio
 
 from collector.errors import ServiceError, render_error
+from collector.http.access_log import log_request
 from collector.http.asgi import Receive, Request, Scope, Send, send_refusal
 from collector.http.headers import cors_headers
 from collector.services import Services
@@ -78,11 +80,14 @@ class Router:
         )
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, error: ServiceError) -> None:
+        started = time.perf_counter()
         request = Request(scope)
         self.services.metrics.count_request("unmatched", error.status)
         # CORS as on every route, so a page's script can read why it was refused
         headers = [("X-Request-ID", request.request_id), *cors_headers(request.headers.get("origin"))]
         await send_refusal(request, receive, send, error, headers)
+        if self.services.settings.access_log:
+            log_request(request, "unmatched", error.status, error.code, None, started)
 
     async def _refuse_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """No WebSocket route is served yet: refuse the handshake in the spec's error format.

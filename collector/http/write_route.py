@@ -183,6 +183,8 @@ def make_write_handler(
                     send, 204, b"", [("X-Request-ID", request.request_id), *preflight_headers(origin)]
                 )
                 services.metrics.count_request(route, 204)
+                if access_log:
+                    log_request(request, route, 204, None, None, started)
                 return
             if request.method != method:
                 raise ServiceError(
@@ -202,6 +204,8 @@ def make_write_handler(
             status, answer, error_code = raw.status, _encoder.encode(raw.body), "content_type"
         except ClientGone:
             services.metrics.count_request(route, 499)
+            if access_log:  # (nginx's 499: the client closed before its answer)
+                log_request(request, route, 499, "client_closed", seen.client_id, started)
             return
         except (WriterBusy, StorageError) as exc:
             # The access line says 503 storage_unavailable; this says why.

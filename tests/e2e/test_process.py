@@ -341,6 +341,33 @@ def test_a_costly_body_does_not_stall_the_event_loop(tmp_path: Path) -> None:
         assert server.stop() == 0
 
 
+def test_every_request_gets_an_access_line(tmp_path: Path) -> None:
+    # The operational routes, unmatched paths, preflights and clients that left
+    # wrote none (audit helper-39); the README says one line per request.
+    log = tmp_path / "serve.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "collector", "serve", "--bind", "127.0.0.1:0", "--data-dir", str(tmp_path / "data"),
+         "--tenants", str(write_tenants(tmp_path / "t.json"))],
+        stdout=subprocess.PIPE, stderr=log.open("w"), text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().split("listening on ")[1].strip()
+        with httpx.Client(base_url=url) as client:
+            assert client.get("/healthz").status_code == 200
+            assert client.post("/metrics").status_code == 405
+            assert client.get("/nowhere").status_code == 404
+            assert client.options("/v1/events", headers={"Origin": "https://acme.com"}).status_code == 204
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    lines = [json.loads(line) for line in log.read_text().splitlines() if '"msg":"request"' in line]
+    assert [(line["route"], line["status"]) for line in lines] == [
+        ("/healthz", 200), ("/metrics", 405), ("unmatched", 404), ("/v1/events", 204)
+    ], lines
+    assert all(line["requestId"] for line in lines)
+
+
 def test_crashloop_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     from bench.crashloop import crashloop
 
