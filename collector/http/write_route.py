@@ -32,6 +32,7 @@ from collector.http.asgi import (
     send_response,
 )
 from collector.http.headers import cors_headers, preflight_headers
+from collector.ingest.body import is_gzip
 from collector.ingest.payment import text_has_card
 from collector.limits.buckets import rate_headers, refusal
 from collector.limits.rates import bucket_id, ingest_scope, scope_rate
@@ -142,7 +143,8 @@ def _bucket(services: Services, record: KeyRecord, site: Site | None, scope: str
 
 async def read_capped_body(request: Request, receive: Receive) -> bytes:
     """The body as sent, refused with payload_too_large past its cap."""
-    gzip = "gzip" in request.headers.get("content-encoding", "").lower()
+    # the same reading of the header as decompress_body's (any other coding is refused there)
+    gzip = is_gzip(request.headers.get("content-encoding"))
     return await read_body(request, receive, GZIP_BODY_LIMIT if gzip else RAW_BODY_LIMIT)
 
 

@@ -12,6 +12,11 @@ _INPUT_PIECE = 64 * 1024  # input per inflate call
 MAX_GZIP_MEMBERS = 1024
 
 
+def is_gzip(content_encoding: str | None) -> bool:
+    """Content-Encoding gzip, or x-gzip, which RFC 9110 8.4.1.3 says to read as gzip."""
+    return (content_encoding or "").strip().lower() in ("gzip", "x-gzip")
+
+
 def decompress_body(raw: bytes, content_encoding: str | None, content_type: str | None) -> bytes:
     """The JSON bytes of a request body.
 
@@ -22,7 +27,7 @@ def decompress_body(raw: bytes, content_encoding: str | None, content_type: str 
     encoding = (content_encoding or "").strip().lower()
     if encoding in ("", "identity"):
         return raw
-    if encoding != "gzip":
+    if not is_gzip(encoding):
         raise ServiceError("validation_error", f"unsupported Content-Encoding {encoding!r}; use gzip")
     if "application/json" not in (content_type or "").lower():
         raise RawErrorBody(400, {"error": "Content-Type must be application/json"})

@@ -300,6 +300,8 @@ def test_gzip_round_trip_and_rules() -> None:
     assert truncated.value.code == "invalid_json"
     with pytest.raises(ServiceError):
         decompress_body(raw, "br", "application/json")
+    # RFC 9110 8.4.1.3: x-gzip is gzip (audit helper-41: refused)
+    assert decompress_body(gzip.compress(raw), "X-Gzip", "application/json") == raw
 
 
 @settings(max_examples=60, deadline=None)
