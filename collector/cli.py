@@ -100,6 +100,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"cannot read the tenants file {settings.tenants}: {exc.strerror}") from None
     _check_data_dir(Path(settings.data_dir), create=True)
+    _one_serve_per_directory(Path(settings.data_dir))  # its lock is held until this process exits
     listener = _listen(settings)
     configure_logging()
     tune_gc()  # after the imports above: they are start-up objects, never scanned again
@@ -116,6 +117,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # hypercorn adopts the descriptor (fd://) and closes it when it stops
     trio.run(serve, msgspec.structs.replace(settings, bind=f"fd://{listener.detach()}"))
     return 0
+
+
+def _one_serve_per_directory(data_dir: Path) -> int:
+    """Lock `serve.lock` in the data directory, or refuse: a second serve on one directory.
+
+    LMDB would keep the data consistent, but each serve runs its own retention
+    sweep, visitor catch-up and full rate buckets (twice the key-wide limit).
+    The operator commands do not take this lock: they work beside serve.
+    """
+    import fcntl
+    import os
+
+    path = data_dir / "serve.lock"
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # (as Storage would, a moment later)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise UsageError(f"cannot open {path}: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise UsageError(f"a collector serve (pid {holder}) already serves {data_dir}") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 def _listen(settings: Settings) -> socket.socket:

@@ -341,6 +341,22 @@ def test_a_costly_body_does_not_stall_the_event_loop(tmp_path: Path) -> None:
         assert server.stop() == 0
 
 
+def test_a_second_serve_on_one_data_directory_is_refused(tmp_path: Path) -> None:
+    # It served beside the first, with its own retention sweep, visitor catch-up
+    # and full rate buckets: twice the key-wide limit (audit helper-39).
+    server = ServerProcess(tmp_path)
+    try:
+        second = run_cli("serve", "--bind", "127.0.0.1:0", data_dir=server.data_dir, check=False)
+        assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
+        assert f"(pid {server.proc.pid}) already serves" in second.stderr, second.stderr
+        # the operator commands still work beside it
+        assert run_cli("tenants", "list", data_dir=server.data_dir).returncode == 0
+    finally:
+        assert server.stop() == 0
+    again = ServerProcess(tmp_path)  # the lock went with its process
+    assert again.stop() == 0
+
+
 def test_every_request_gets_an_access_line(tmp_path: Path) -> None:
     # The operational routes, unmatched paths, preflights and clients that left
     # wrote none (audit helper-39); the README says one line per request.
