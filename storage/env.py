@@ -211,7 +211,9 @@ class Storage:
             return False
         return (
             self.files_intact() is None
-            and os.access(self.path, os.W_OK)
+            # the data file, not the directory: LMDB writes only into its files
+            # (a read-only directory around writable files serves fine)
+            and os.access(self.path / "data.mdb", os.W_OK)
             and stat.f_bavail * stat.f_frsize >= min_free_bytes
         )
 
