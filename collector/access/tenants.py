@@ -7,6 +7,7 @@ JSON). Stored Structs evolve only by appending fields with defaults.
 from __future__ import annotations
 
 import enum
+import json
 import re
 from typing import Annotated
 
@@ -149,6 +150,7 @@ def parse_tenants_file(data: bytes) -> list[KeyRecord]:
         raise TenantsFileError(f"tenants file is not valid JSON: {exc}") from None
     except UnicodeDecodeError as exc:
         raise TenantsFileError(f"tenants file is not valid UTF-8: {exc}") from None
+    _refuse_repeated_members(data)
     records = [KeyRecord(**msgspec.structs.asdict(entry)) for entry in parsed.keys]
     seen: set[str] = set()
     for index, record in enumerate(records):
@@ -176,6 +178,27 @@ def parse_tenants_file(data: bytes) -> list[KeyRecord]:
                 f" - at $.keys[{index}].sites"
             )
     return records
+
+
+def _refuse_repeated_members(data: bytes) -> None:
+    """A member named twice in one object is an error: JSON decoders keep the last, silently.
+
+    (`"keys"` twice imported only the second list; `"clientId"` twice the second id.)
+    """
+
+    def check(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        names = [name for name, _ in pairs]
+        if len(set(names)) != len(names):
+            repeated = next(name for name in names if names.count(name) > 1)
+            raise TenantsFileError(f"invalid tenants file: member {repeated!r} appears twice in one object")
+        return dict(pairs)
+
+    try:
+        json.loads(data, object_pairs_hook=check)
+    except TenantsFileError:
+        raise
+    except (ValueError, RecursionError):
+        pass  # the file already decoded: what json alone refuses is not this check's
 
 
 def _check_entry(record: KeyRecord, index: int) -> None:
