@@ -92,7 +92,8 @@ class Metrics:
         yield requests
         events = CounterMetricFamily(
             "collector_events",
-            "Events received, by outcome (accepted, duplicate, rejected, dropped)",
+            "Events of requests answered 202, by outcome (accepted, duplicate, rejected, dropped);"
+            " a request refused whole counts in collector_requests_total",
             labels=["outcome"],
         )
         for outcome, (count, created) in list(self._events.items()):
