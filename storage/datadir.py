@@ -42,6 +42,8 @@ def data_dir_problem(path: Path, *, create: bool) -> str | None:
                 return f"no data directory at {path} (a wrong --data-dir or COLLECTOR_DATA_DIR?)"
             return f"no collector data in {path} (no data.mdb, or an empty one: a wrong --data-dir?)"
         return _space_problem(path)
+    if create and not os.access(data_file, os.R_OK | os.W_OK):  # (serve, tenants import: they write)
+        return f"{data_file} is not readable and writable by this user (uid {os.geteuid()})"
     return _environment_problem(path, data_file, create=create)
 
 
