@@ -46,7 +46,7 @@ from collector.limits.buckets import RateLimiter
 from collector.limits.usage import billing_period
 from collector.metrics import Metrics, gauge
 from collector.metrics_share import SharedMetrics, publish_every_second
-from collector.runtime import STOP_SIGNALS, early_stop_signal
+from collector.runtime import STOP_SIGNALS, defer_stop_signals, early_stop_signal
 from collector.services import Services, wall_clock
 from collector.settings import Settings, SettingsError, load_cidrs
 from collector.signals.projection import VisitorProjection
@@ -275,6 +275,7 @@ async def serve(
     clock: Callable[[], float] = wall_clock,
     worker_index: int = 0,
     metrics_dir: str | None = None,
+    own_process: bool = False,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled or signalled; reports the bound URLs through task_status.
@@ -283,6 +284,8 @@ async def serve(
     process; only worker 0 runs the retention sweep and the outbox consumers
     (the visitor projection): singletons over the shared environment. The
     workers share their metrics through `metrics_dir` (collector/metrics_share.py).
+    `own_process`: the process serves and nothing else (`collector serve`, a
+    worker), so stop signals that come after the first may be swallowed.
     """
     storage = open_storage(settings)
     try:
@@ -318,6 +321,15 @@ async def serve(
                 binds = await server_nursery.start(
                     _serve_http, app, config, shutdown
                 )
+                if own_process:
+                    # From here a stop signal is remembered (_watch_signals takes
+                    # it up; one that comes between "listening" and its receiver
+                    # killed the process), and one after the first changes nothing:
+                    # with the default action back once _watch_signals stopped
+                    # receiving, it killed the drain or raised KeyboardInterrupt
+                    # through the nurseries. While starting, the default action
+                    # still ends the process at once.
+                    defer_stop_signals()
                 for url in binds:
                     print(f"collector listening on {url}", flush=True)
                 log.info("listening on %s", ", ".join(binds))

@@ -10,6 +10,7 @@ import contextlib
 import socket
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import NoReturn
 
@@ -108,14 +109,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from collector.workers import run_supervisor
 
         return run_supervisor(settings, listener)
-    from collector.runtime import defer_stop_signals
-
-    # A second SIGTERM or SIGINT during the drain changes nothing (as in a
-    # worker): with the default action back after the first, it killed the
-    # drain, or raised KeyboardInterrupt through the nurseries.
-    defer_stop_signals()
     # hypercorn adopts the descriptor (fd://) and closes it when it stops
-    trio.run(serve, msgspec.structs.replace(settings, bind=f"fd://{listener.detach()}"))
+    trio.run(partial(serve, msgspec.structs.replace(settings, bind=f"fd://{listener.detach()}"), own_process=True))
     return 0
 
 

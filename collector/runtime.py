@@ -49,7 +49,11 @@ _early_stop: list[int] = []
 
 # SIGHUP too: a hang-up (a closed terminal, a process-group signal) drains
 # like a stop instead of killing requests mid-commit; nothing reloads on it.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# Unless the process started with it ignored (`nohup collector serve`): then it
+# stays ignored, as nohup asked. (Read at import, before anything handles it.)
+STOP_SIGNALS: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT) + (
+    () if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else (signal.SIGHUP,)
+)
 
 
 def defer_stop_signals() -> None:

@@ -340,7 +340,7 @@ def child_main(argv: list[str] | None = None) -> int:
     settings = msgspec.json.decode(args.settings, type=Settings)
     configure_logging()
     tune_gc()  # every worker serves like a one-process collector does
-    trio.run(partial(serve, settings, worker_index=args.index, metrics_dir=args.metrics_dir))
+    trio.run(partial(serve, settings, worker_index=args.index, metrics_dir=args.metrics_dir, own_process=True))
     return 0
 
 

@@ -311,13 +311,16 @@ class GroupCommitWriter:
                     log.exception("in-transaction consumer failed; the group commits without it")
             if ctx.next_seq != first_seq:
                 txn.put(NEXT_SEQ, ctx.next_seq.to_bytes(8, "big"), db=self.storage.dbs.meta)
-            gone = self.storage.files_intact()
-            if gone is not None:  # a commit now would be lost at the next start: refuse it
-                raise lmdb.Error(gone)
             txn.commit()
         except BaseException:
             txn.abort()
             raise
+        # Checked after the commit (its writes and fsyncs take a while): one into
+        # a data file removed or replaced meanwhile is lost at the next start, so
+        # it is not acknowledged (503; the clients' retries are idempotent).
+        gone = self.storage.files_intact()
+        if gone is not None:
+            raise lmdb.Error(gone)
         if committed is not None:
             committed()
         return None

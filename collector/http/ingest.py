@@ -26,7 +26,7 @@ from collector.http.headers import (
     refusal_headers,
     usage_headers,
 )
-from collector.http.off_loop import run_pure
+from collector.http.off_loop import on_loop, run_pure
 from collector.http.write_route import (
     Handler,
     Seen,
@@ -170,14 +170,14 @@ async def _ingest(
     # before this request's own admission: one LMDB read per visitor.
     identities: dict[str, IdentityConsent | None] = {}
 
+    def read_identity(visitor_id: str) -> IdentityConsent | None:
+        recorded = read_consent(storage, client_id, site_id, visitor_id, now_ms=now_ms)
+        return IdentityConsent(recorded.identity_time(), recorded.identity_resolution) if recorded else None
+
     def recorded_identity(visitor_id: str) -> IdentityConsent | None:
         if visitor_id not in identities:
-            recorded = read_consent(storage, client_id, site_id, visitor_id, now_ms=now_ms)
-            identities[visitor_id] = (
-                IdentityConsent(recorded.identity_time(), recorded.identity_resolution)
-                if recorded is not None
-                else None
-            )
+            # (on the event loop even for a body prepared in a thread: see on_loop)
+            identities[visitor_id] = on_loop(read_identity, visitor_id)
         return identities[visitor_id]
 
     context = IngestContext(
