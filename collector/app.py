@@ -160,9 +160,6 @@ def build_services(
 def _node_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
     """The node's storage, outbox and meters: the same whichever worker reads them."""
     yield gauge("collector_workers", "Worker processes serving (serve --workers)", services.workers)
-    map_size, used = services.storage.usage()
-    yield gauge("collector_lmdb_map_size_bytes", "LMDB map size", map_size)
-    yield gauge("collector_lmdb_used_bytes", "LMDB pages in use", used)
     yield gauge("collector_outbox_last_seq", "Sequence number of the newest outbox entry", last_seq(services.storage))
     with services.storage.read() as txn:
         entries = txn.stat(services.storage.dbs.outbox)["entries"]
@@ -172,7 +169,11 @@ def _node_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
 
 def _process_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
     # per process: under `serve --workers N` every worker's, labelled worker="I" (collector/metrics_share.py)
-    yield gauge("collector_worker_index", "Index of the worker process that answered (0-based)", services.worker_index)
+    yield gauge("collector_worker_index", "Index of this worker process (0-based)", services.worker_index)
+    # each process's own view of the map: a worker adopts another's growth at its next transaction
+    map_size, used = services.storage.usage()
+    yield gauge("collector_lmdb_map_size_bytes", "LMDB map size as this process has it mapped", map_size)
+    yield gauge("collector_lmdb_used_bytes", "LMDB pages in use, as this process last saw them", used)
     stats = services.writer.statistics()
     yield gauge("collector_writer_queue_depth", "Jobs waiting for the writer", stats.queued)
     yield gauge("collector_writer_transactions", "Group-commit transactions committed", stats.transactions)

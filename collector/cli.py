@@ -371,8 +371,6 @@ def cmd_usage_show(args: argparse.Namespace) -> int:
 
 
 def cmd_usage_invoice(args: argparse.Namespace) -> int:
-    import time
-
     from collector.usage_admin import account_totals, invoice_lines
 
     skipped = _Skipped("key record")
@@ -380,7 +378,7 @@ def cmd_usage_invoice(args: argparse.Namespace) -> int:
         lines = invoice_lines(storage, args.period, on_unreadable=skipped)
         for line in lines:
             print(_json.encode(line).decode())
-        for account_total in account_totals(lines, args.period, int(time.time() * 1000)):
+        for account_total in account_totals(lines, args.period):
             print(_json.encode(account_total).decode())
         total = sum(line.amount_usd for line in lines)
         print(_json.encode({"period": args.period, "total_usd": total}).decode())

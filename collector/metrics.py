@@ -125,7 +125,11 @@ class Metrics:
     def render(self) -> bytes:
         if self.shared is None:
             return generate_latest(self.registry)
-        self.shared.publish(self.process_families())
+        own = self.process_families()
+        try:
+            self.shared.publish(own)
+        except OSError:  # /tmp full or gone: this worker's live figures, the others' last ones
+            return generate_latest(_Families([*self.shared.gather(own), *self._node_collector.collect()]))
         return generate_latest(_Families([*self.shared.gather(), *self._node_collector.collect()]))
 
 

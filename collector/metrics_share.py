@@ -19,6 +19,7 @@ Another worker's figures are at most about a second old.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -55,30 +56,31 @@ class SharedMetrics:
 
     def publish(self, families: Iterable[Metric]) -> None:
         """Write this worker's per-process families (atomically: a reader sees the old or the new)."""
-        snapshot = [
-            _Family(
-                family.name,
-                family.documentation,
-                family.type,
-                family.unit,
-                [_Sample(s.name, dict(s.labels), s.value) for s in family.samples],
-            )
-            for family in families
-        ]
+        snapshot = _snapshot(families)
         path = self.directory / f"worker-{self.worker_index}.json"
         partial = path.with_suffix(f".{os.getpid()}.tmp")
+        self.directory.mkdir(mode=0o700, exist_ok=True)  # (removed by hand, or a tmp cleaner)
         partial.write_bytes(_encoder.encode(snapshot))
         os.replace(partial, path)
 
-    def gather(self) -> list[Metric]:
-        """Every worker's last snapshot, merged by family, each sample labelled with its worker."""
-        merged: dict[str, Metric] = {}
+    def gather(self, own: list[Metric] | None = None) -> list[Metric]:
+        """Every worker's last snapshot, merged by family, each sample labelled with its worker.
+
+        `own`: this worker's figures, used instead of its snapshot (one it could not write).
+        """
+        snapshots: list[tuple[str, list[_Family]]] = []
+        if own is not None:
+            snapshots.append((str(self.worker_index), _snapshot(own)))
         for path in sorted(self.directory.glob("worker-*.json")):
             worker = path.stem.removeprefix("worker-")
+            if own is not None and worker == str(self.worker_index):
+                continue
             try:
-                snapshot = _decoder.decode(path.read_bytes())
+                snapshots.append((worker, _decoder.decode(path.read_bytes())))
             except (OSError, msgspec.DecodeError):
                 continue  # a worker that never finished its first write: nothing of it yet
+        merged: dict[str, Metric] = {}
+        for worker, snapshot in snapshots:
             for family in snapshot:
                 metric = merged.get(family.name)
                 if metric is None:
@@ -86,6 +88,20 @@ class SharedMetrics:
                 for sample in family.samples:
                     metric.add_sample(sample.name, {**sample.labels, "worker": worker}, sample.value)
         return list(merged.values())
+
+
+def _snapshot(families: Iterable[Metric]) -> list[_Family]:
+    return [
+        _Family(
+            family.name,
+            family.documentation,
+            family.type,
+            family.unit,
+            # (a NaN or infinite value would encode as null and hide the whole snapshot)
+            [_Sample(s.name, dict(s.labels), s.value) for s in family.samples if math.isfinite(s.value)],
+        )
+        for family in families
+    ]
 
 
 async def publish_every_second(shared: SharedMetrics, families: Callable[[], Iterable[Metric]]) -> None:

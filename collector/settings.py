@@ -129,7 +129,8 @@ def load_settings(
     _check_bind(settings.bind)
     if settings.map_size_mb > settings.max_map_size_mb:
         raise SettingsError(
-            f"invalid setting: map_size_mb ({settings.map_size_mb}) is over max_map_size_mb ({settings.max_map_size_mb})"
+            f"invalid setting: map_size_mb ({settings.map_size_mb}; the default is 64) is over"
+            f" max_map_size_mb ({settings.max_map_size_mb})"
         )
     for origin in settings.trusted_origin:
         _check_origin(origin)
@@ -137,7 +138,11 @@ def load_settings(
 
 
 def _check_origin(origin: str) -> None:
-    """A trusted dashboard origin is an origin as browsers send it: scheme://host[:port], nothing more."""
+    """A trusted dashboard origin is an origin as browsers send it: scheme://host[:port].
+
+    (A trailing slash is let through; a space, a wildcard, an empty port or a
+    host that is not ASCII, which no browser sends in Origin, are not.)
+    """
     from urllib.parse import urlsplit
 
     try:
@@ -145,10 +150,23 @@ def _check_origin(origin: str) -> None:
         port_ok = parts.port is None or parts.port > 0
     except ValueError:
         port_ok = False
-    if not port_ok or parts.scheme not in ("http", "https") or not parts.hostname or origin != origin.strip() or (
-        parts.path or parts.query or parts.fragment or parts.username or parts.password
+    if (
+        not port_ok
+        or parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or not origin.isascii()
+        or any(char.isspace() or char == "*" for char in origin)
+        or parts.netloc.endswith(":")
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+        or parts.username
+        or parts.password
     ):
-        raise SettingsError(f"invalid setting: trusted_origin must be scheme://host[:port], got {origin!r}")
+        raise SettingsError(
+            f"invalid setting: trusted_origin must be scheme://host[:port] (a host in ASCII, punycode"
+            f" for others), got {origin!r}"
+        )
 
 
 def _check_bind(bind: str) -> None:

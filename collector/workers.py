@@ -49,7 +49,7 @@ import trio
 
 from collector import systemd
 from collector.runtime import STOP_SIGNALS
-from collector.settings import Settings
+from collector.settings import Settings, SettingsError
 
 log = logging.getLogger("collector.workers")
 
@@ -90,6 +90,21 @@ def prepare_storage(settings: Settings) -> None:
         storage.close()
 
 
+def metrics_directory() -> str:
+    """Where the workers share their metrics (collector/metrics_share.py); removed at exit.
+
+    systemd's RuntimeDirectory= when the unit has one, else the temporary
+    directory (TMPDIR; the shipped unit's DynamicUser gives a private /tmp).
+    """
+    try:
+        return tempfile.mkdtemp(prefix="collector-metrics-", dir=os.environ.get("RUNTIME_DIRECTORY") or None)
+    except OSError as exc:
+        raise SettingsError(
+            f"--workers needs a writable directory for the workers' metrics: {exc}"
+            " (set TMPDIR, or RuntimeDirectory= in the unit)"
+        ) from None
+
+
 def run_supervisor(settings: Settings, sock: socket.socket) -> int:
     """`collector serve --workers N` (N > 1) in the parent, on listening `sock`; returns the exit status."""
     prepare_storage(settings)
@@ -111,8 +126,7 @@ class Supervisor:
         self.child_settings = msgspec.json.encode(child).decode()
         self.env = {k: v for k, v in os.environ.items() if k not in _CHILD_ENV_DROP}
         self.procs: dict[int, Child] = {}
-        # where the workers share their metrics (collector/metrics_share.py); removed at exit
-        self.metrics_dir = tempfile.mkdtemp(prefix="collector-metrics-")
+        self.metrics_dir = metrics_directory()
         self.stopping = trio.Event()
         self.starting = trio.CancelScope()  # the first start of every worker; a stop signal cancels it
         self.failed: str | None = None

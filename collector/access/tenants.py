@@ -207,7 +207,7 @@ def _check_entry(record: KeyRecord, index: int) -> None:
     plans = [(f"{where}.plan", record.plan)]
     plans += [(f"{where}.sites[{n}].plan", site.plan) for n, site in enumerate(record.sites) if site.plan is not None]
     for at, plan in plans:
-        if plan.strip().lower() not in _PAID_ALIASES | _FREE_ALIASES:
+        if plan.strip() and plan.strip().lower() not in _PAID_ALIASES | _FREE_ALIASES:  # ("" is free)
             raise TenantsFileError(f"invalid tenants file: plan {plan!r} is not free or paid - at {at}")
     for position, scope in enumerate(record.permissions):
         if scope not in SCOPES:
@@ -218,12 +218,8 @@ def _check_entry(record: KeyRecord, index: int) -> None:
     names = [(f"{where}.clientId", record.clientId), (f"{where}.billingAccount", record.billingAccount)]
     names += [(f"{where}.sites[{n}].siteId", site.siteId) for n, site in enumerate(record.sites)]
     for at, name in names:
-        if name is not None and not _NAME_TEXT.fullmatch(name):
+        if name and not _NAME_TEXT.fullmatch(name):  # ("" billingAccount means the clientId)
             raise TenantsFileError(f"invalid tenants file: a NUL character in {name!r} - at {at}")
-    if record.key_type is not KeyType.BROWSER and any(site.domains for site in record.sites):
-        raise TenantsFileError(
-            f"invalid tenants file: a {record.key_type} key has no domains (spec 2.1) - at {where}.sites"
-        )
 
 
 def encode_record(record: KeyRecord) -> bytes:

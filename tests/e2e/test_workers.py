@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -122,7 +123,7 @@ def test_two_workers_share_socket_and_environment_across_map_growth(tmp_path: Pa
         # one scrape shows every worker (labelled) and the node's gauges once
         text = httpx.get(server.url + "/metrics", timeout=5).text
         assert metric(text, "collector_workers") == 2
-        assert metric(text, "collector_lmdb_map_size_bytes") > 1024 * 1024  # the map grew
+        assert max(metric(text, "collector_lmdb_map_size_bytes", worker) for worker in (0, 1)) > 1024 * 1024
         for worker in (0, 1):
             assert metric(text, "collector_writer_requests_committed", worker) > 0  # both wrote
         assert sum(metric(text, "collector_lmdb_map_growths", worker) for worker in (0, 1)) >= 1
@@ -217,6 +218,18 @@ def test_every_scrape_counts_every_worker_and_never_goes_back(tmp_path: Path) ->
             last = now
         assert all(last.values()), "one worker took no request"
         assert text.count("# TYPE collector_workers gauge") == 1 and "collector_workers 2.0" in text
+        # The shared directory removed (a tmp cleaner): scrapes still answer, and it
+        # comes back (review helper-44: every scrape was a 500 until a restart).
+        child = server.children()[0]
+        argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        shared = Path(argv[argv.index(b"--metrics-dir") + 1].decode())
+        shutil.rmtree(shared)
+        assert httpx.get(server.url + "/metrics", timeout=5).status_code == 200
+        time.sleep(1.5)
+        text = httpx.get(server.url + "/metrics", timeout=5, headers={"Connection": "close"}).text
+        assert sum(float(re.search(re.escape(series % w) + r" (\S+)", text).group(1))  # type: ignore[union-attr]
+                   for w in (0, 1)) == sent
+        assert shared.is_dir()
     finally:
         assert server.stop() == 0
 

@@ -51,7 +51,9 @@ def test_an_empty_environment_variable_is_unset_and_lists_are_trimmed() -> None:
     assert settings.data_dir == "./data"
     assert settings.trusted_proxies == ["10.0.0.0/8", "192.168.0.0/16"]
     assert settings.trusted_origin == ["https://dash.example.com"]
-    for origin in ("not a url", "*", "https://dash.example.com/", "ftp://x", "https://x:0"):
+    assert load_settings({"trusted_origin": ["https://dash.example.com/"]}, environ={}).trusted_origin
+    for origin in ("not a url", "*", "https://dash.example.com/x", "ftp://x", "https://x:0", "https://a b.com",
+                   "https://x.com:", "https://*.example.com", "https://bücher.example"):
         with pytest.raises(SettingsError, match="trusted_origin"):
             load_settings({"trusted_origin": [origin]}, environ={})
 
