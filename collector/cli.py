@@ -77,11 +77,13 @@ def _storage(args: argparse.Namespace, *, create: bool = False) -> Iterator[Stor
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from collector.runtime import stop_at_once_while_starting, tune_gc
+
+    stop_at_once_while_starting()  # first, before the slow imports (serve() defers them once it serves)
     import trio
 
     from collector.app import serve
     from collector.logs import configure_logging
-    from collector.runtime import tune_gc
 
     settings = _settings_from(args)
     if settings.demo_tenant and settings.production:
@@ -101,43 +103,44 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"cannot read the tenants file {settings.tenants}: {exc.strerror}") from None
     _check_data_dir(Path(settings.data_dir), create=True)
-    _one_serve_per_directory(Path(settings.data_dir))  # its lock is held until this process exits
+    serving_lock = _one_serve_per_directory(Path(settings.data_dir))  # held until this process exits
     listener = _listen(settings)
     configure_logging()
     tune_gc()  # after the imports above: they are start-up objects, never scanned again
     if settings.workers > 1:
         from collector.workers import run_supervisor
 
-        return run_supervisor(settings, listener)
+        return run_supervisor(settings, listener, serving_lock)
     # hypercorn adopts the descriptor (fd://) and closes it when it stops
     trio.run(partial(serve, msgspec.structs.replace(settings, bind=f"fd://{listener.detach()}"), own_process=True))
     return 0
 
 
 def _one_serve_per_directory(data_dir: Path) -> int:
-    """Lock `serve.lock` in the data directory, or refuse: a second serve on one directory.
+    """Lock the data directory's `data.mdb` (flock), or refuse: a second serve on one directory.
 
     LMDB would keep the data consistent, but each serve runs its own retention
     sweep, visitor catch-up and full rate buckets (twice the key-wide limit).
-    The operator commands do not take this lock: they work beside serve.
+    data.mdb itself, opened read-only: a directory the service may not write
+    (its files writable) still serves. An empty data.mdb is created in a new
+    directory, which LMDB takes as its first start. The operator commands do
+    not take this lock; `--workers` children inherit it, so it outlives a
+    parent killed while they drain.
     """
     import fcntl
     import os
 
-    path = data_dir / "serve.lock"
+    path = data_dir / "data.mdb"
     try:
         data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # (as Storage would, a moment later)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o600)
     except OSError as exc:
         raise UsageError(f"cannot open {path}: {exc.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.read(fd, 32).decode(errors="replace").strip() or "another process"
         os.close(fd)
-        raise UsageError(f"a collector serve (pid {holder}) already serves {data_dir}") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        raise UsageError(f"another collector serve already serves {data_dir}") from None
     return fd
 
 

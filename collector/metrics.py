@@ -128,8 +128,8 @@ class Metrics:
         own = self.process_families()
         try:
             self.shared.publish(own)
-        except OSError:  # /tmp full or gone: this worker's live figures, the others' last ones
-            return generate_latest(_Families([*self.shared.gather(own), *self._node_collector.collect()]))
+        except OSError:  # /tmp full: every worker's last written figures (see gather)
+            return generate_latest(_Families([*self.shared.gather(unwritten=True), *self._node_collector.collect()]))
         return generate_latest(_Families([*self.shared.gather(), *self._node_collector.collect()]))
 
 

@@ -53,6 +53,7 @@ class SharedMetrics:
     def __init__(self, directory: str | os.PathLike[str], worker_index: int) -> None:
         self.directory = Path(directory)
         self.worker_index = worker_index
+        self._published: list[_Family] = []  # what this worker last wrote (or nothing yet)
 
     def publish(self, families: Iterable[Metric]) -> None:
         """Write this worker's per-process families (atomically: a reader sees the old or the new)."""
@@ -62,18 +63,22 @@ class SharedMetrics:
         self.directory.mkdir(mode=0o700, exist_ok=True)  # (removed by hand, or a tmp cleaner)
         partial.write_bytes(_encoder.encode(snapshot))
         os.replace(partial, path)
+        self._published = snapshot
 
-    def gather(self, own: list[Metric] | None = None) -> list[Metric]:
+    def gather(self, *, unwritten: bool = False) -> list[Metric]:
         """Every worker's last snapshot, merged by family, each sample labelled with its worker.
 
-        `own`: this worker's figures, used instead of its snapshot (one it could not write).
+        `unwritten`: this worker's snapshot could not be written just now; its
+        last written one is shown, from memory (its file may be gone). Not its
+        live figures: another worker's next answer reads the file, and a counter
+        must not read lower there than here.
         """
         snapshots: list[tuple[str, list[_Family]]] = []
-        if own is not None:
-            snapshots.append((str(self.worker_index), _snapshot(own)))
+        if unwritten:
+            snapshots.append((str(self.worker_index), self._published))
         for path in sorted(self.directory.glob("worker-*.json")):
             worker = path.stem.removeprefix("worker-")
-            if own is not None and worker == str(self.worker_index):
+            if unwritten and worker == str(self.worker_index):
                 continue
             try:
                 snapshots.append((worker, _decoder.decode(path.read_bytes())))

@@ -105,10 +105,14 @@ def metrics_directory() -> str:
         ) from None
 
 
-def run_supervisor(settings: Settings, sock: socket.socket) -> int:
-    """`collector serve --workers N` (N > 1) in the parent, on listening `sock`; returns the exit status."""
+def run_supervisor(settings: Settings, sock: socket.socket, serving_lock: int) -> int:
+    """`collector serve --workers N` (N > 1) in the parent, on listening `sock`; returns the exit status.
+
+    `serving_lock`: the data directory's serve lock (a descriptor), handed to
+    every worker so that it is held while any of them runs.
+    """
     prepare_storage(settings)
-    supervisor = Supervisor(settings, sock)
+    supervisor = Supervisor(settings, sock, serving_lock)
     try:
         return trio.run(supervisor.run)
     finally:
@@ -117,9 +121,10 @@ def run_supervisor(settings: Settings, sock: socket.socket) -> int:
 
 
 class Supervisor:
-    def __init__(self, settings: Settings, sock: socket.socket) -> None:
+    def __init__(self, settings: Settings, sock: socket.socket, serving_lock: int) -> None:
         self.settings = settings
         self.sock = sock
+        self.serving_lock = serving_lock
         child = msgspec.structs.replace(
             settings, bind=f"fd://{sock.fileno()}", tenants=None, demo_tenant=False
         )
@@ -223,7 +228,7 @@ class Supervisor:
         # open_process): PR_SET_PDEATHSIG fires when the *thread* that forked
         # the child exits, and trio retires idle worker threads.
         popen = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, pass_fds=(self.sock.fileno(),), env=self.env
+            argv, stdout=subprocess.PIPE, pass_fds=(self.sock.fileno(), self.serving_lock), env=self.env
         )
         return Child(popen)
 

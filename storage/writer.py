@@ -249,7 +249,7 @@ class GroupCommitWriter:
                 message = str(exc)
                 full = "No space" in message or "MDB_MAP_FULL" in message
                 error: StorageError = StorageFull(message) if full else StorageError(message)
-                _commit_failed("commit failed: %s", message)
+                _commit_failed("commit failed: %s", message, cause=message)
                 self._fail(pending, error)
                 return
             if isinstance(outcome, _Ticket):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from urllib.parse import parse_qsl
 
 import msgspec
 
@@ -90,9 +91,7 @@ def refuse_payment_headers(services: Services, request: Request) -> None:
         where = "the Idempotency-Key header"
     elif (referer := request.headers.get("referer")) and text_has_card(utf8_header(referer)):
         where = "the Referer header"
-    elif request.scope.get("query_string") and any(
-        text_has_card(text) for name, param in request.query.items() for text in (name, param) if name != "key"
-    ):
+    elif request.scope.get("query_string") and _query_has_card(request):
         where = "the query string"
     if where is not None:
         error = ServiceError(
@@ -105,6 +104,17 @@ def refuse_payment_headers(services: Services, request: Request) -> None:
         key = request.headers.get("x-api-key") or request.query.get("key")
         error.key_record = services.keys.lookup(key) if key else None
         raise error
+
+
+def _query_has_card(request: Request) -> bool:
+    """Every parameter, a repeated one's every value included, but the key the gate uses."""
+    used_key = request.query.get("key")
+    pairs = parse_qsl(request.scope["query_string"].decode("latin-1"), keep_blank_values=True)
+    return any(
+        text_has_card(text)
+        for name, value in pairs
+        for text in ((name,) if name == "key" and value == used_key else (name, value))
+    )
 
 
 SIGNALS_ROUTE = "/v1/signals/:visitorId"  # signals.ROUTE (that module imports this one)
@@ -211,7 +221,7 @@ def make_write_handler(
             return
         except (WriterBusy, StorageError) as exc:
             # The access line says 503 storage_unavailable; this says why.
-            _storage_unavailable("storage unavailable on %s: %s", route, exc)
+            _storage_unavailable("storage unavailable on %s: %s", route, exc, cause=f"{route} {exc}")
             unavailable = ServiceError("storage_unavailable", f"nothing was stored ({exc}); {retry_hint}")
             status, answer, error_code = unavailable.status, render_error(unavailable), unavailable.code
             headers.extend(unavailable.response_headers().items())

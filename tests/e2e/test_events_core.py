@@ -279,9 +279,12 @@ async def test_a_card_number_in_a_header_the_write_keeps_refuses_it(server: Runn
     # spec 4.1 rule 5, "anywhere in the request": a checkout page's URL in the Referer
     # or in the query string (audit helper-41: both were 202)
     for headers, params in (({**H, "Referer": "https://acme.com/checkout?cc=4111+1111+1111+1111"}, {}),
-                            (H, {"cc": "4111 1111 1111 1111"}), (H, {"4111111111111111": "x"})):
+                            (H, {"cc": "4111 1111 1111 1111"}), (H, {"4111111111111111": "x"}),
+                            # a repeated parameter's every value (review helper-45: the last one hid it)
+                            (H, [("cc", "4111111111111111"), ("cc", "x")]),
+                            ({}, [("key", "4111111111111111"), ("key", BROWSER_KEY)])):
         response = await server.client.post("/v1/events", content=json.dumps(pageview("q")).encode(),
-                                            headers=headers, params=params)
+                                            headers={"Origin": "https://acme.com", **headers}, params=params)
         assert (response.status_code, response.json()["error"]) == (400, "prohibited_payment_data"), params
     assert await outbox_dump(server.data_dir) == []
     fine = await post(server, event, headers={**H, "Idempotency-Key": "order-2024-000123",

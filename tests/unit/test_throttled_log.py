@@ -21,3 +21,14 @@ def test_a_burst_is_one_line_then_one_a_minute_with_its_count(caplog: pytest.Log
         "commit failed: No space left on device (59 more like it since the last such line)",
         "commit failed: No space left on device (59 more like it since the last such line)",
     ]
+
+
+def test_each_cause_is_throttled_apart(caplog: pytest.LogCaptureFixture) -> None:
+    # one throttle for every cause let a burst of one hide another (review helper-45)
+    logged = ThrottledLog(logging.getLogger("test.causes"), logging.ERROR, clock=lambda: 5.0)
+    with caplog.at_level(logging.ERROR, logger="test.causes"):
+        for _ in range(3):
+            logged("storage unavailable: %s", "writer queue full", cause="busy")
+        logged("storage unavailable: %s", "data.mdb was removed", cause="removed")
+    assert [record.getMessage() for record in caplog.records] == [
+        "storage unavailable: writer queue full", "storage unavailable: data.mdb was removed"]
