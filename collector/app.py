@@ -288,10 +288,13 @@ async def serve(
     `own_process`: the process serves and nothing else (`collector serve`, a
     worker), so stop signals that come after the first may be swallowed.
     """
-    storage = open_storage(settings)
+    # The start-up transactions run in a thread: one may wait long for LMDB's
+    # writer lock (a command holding it), and a stop signal must still be
+    # handled meanwhile, which Python does only on a main thread not blocked in C.
+    storage = await trio.to_thread.run_sync(open_storage, settings)
     try:
         if settings.workers <= 1:  # (with --workers N the parent did it once: collector/workers.py)
-            prepare_data_dir(storage, settings, int(clock() * 1000))
+            await trio.to_thread.run_sync(prepare_data_dir, storage, settings, int(clock() * 1000))
         services = build_services(settings, storage, clock, worker_index=worker_index)
         app = build_asgi(services)
         async with trio.open_nursery() as outer:

@@ -77,7 +77,7 @@ def _storage(args: argparse.Namespace, *, create: bool = False) -> Iterator[Stor
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from collector.runtime import stop_at_once_while_starting, tune_gc
+    from collector.runtime import defer_stop_signals, stop_at_once_while_starting, tune_gc
 
     stop_at_once_while_starting()  # first, before the slow imports (serve() defers them once it serves)
     import trio
@@ -111,8 +111,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from collector.workers import run_supervisor
 
         return run_supervisor(settings, listener, serving_lock)
-    # hypercorn adopts the descriptor (fd://) and closes it when it stops
-    trio.run(partial(serve, msgspec.structs.replace(settings, bind=f"fd://{listener.detach()}"), own_process=True))
+    try:
+        # hypercorn adopts the descriptor (fd://) and closes it when it stops
+        trio.run(partial(serve, msgspec.structs.replace(settings, bind=f"fd://{listener.detach()}"), own_process=True))
+    finally:
+        # (serve deferred the signals once it served; a start that failed before
+        # that must not have its failure turned into exit 0 by a signal)
+        defer_stop_signals()
     return 0
 
 
@@ -141,6 +146,9 @@ def _one_serve_per_directory(data_dir: Path) -> int:
     except BlockingIOError:
         os.close(fd)
         raise UsageError(f"another collector serve already serves {data_dir}") from None
+    except OSError as exc:  # (NFS emulates flock with POSIX locks, which want a writable descriptor)
+        os.close(fd)
+        raise UsageError(f"cannot lock {path}: {exc.strerror} (a network file system?)") from None
     return fd
 
 

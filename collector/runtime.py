@@ -67,7 +67,8 @@ def stop_at_once_while_starting() -> None:
     """
 
     def stop(received: int, _frame: object) -> None:
-        os.write(2, f"collector: stopped by {signal.Signals(received).name} while starting\n".encode())
+        with contextlib.suppress(OSError):  # (started with stderr closed: fd 2 may be anything)
+            os.write(2, f"collector: stopped by {signal.Signals(received).name} while starting\n".encode())
         os._exit(0)
 
     for signum in STOP_SIGNALS:

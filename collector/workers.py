@@ -39,6 +39,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -48,7 +49,7 @@ import msgspec
 import trio
 
 from collector import systemd
-from collector.runtime import STOP_SIGNALS
+from collector.runtime import STOP_SIGNALS, defer_stop_signals
 from collector.settings import Settings, SettingsError
 
 log = logging.getLogger("collector.workers")
@@ -80,14 +81,31 @@ def listening_url(sock: socket.socket) -> str:
 
 
 def prepare_storage(settings: Settings) -> None:
-    """Open the environment once before the children: format check, migrations, start-up writes."""
+    """Open the environment once before the children: format check, migrations, start-up writes.
+
+    In a thread the main thread joins: a transaction may wait long for LMDB's
+    writer lock, and the main thread must stay free to handle a stop signal
+    (runtime.stop_at_once_while_starting; Python runs handlers only there).
+    """
     from collector.app import open_storage, prepare_data_dir
 
-    storage = open_storage(settings)
-    try:
-        prepare_data_dir(storage, settings, int(time.time() * 1000))
-    finally:
-        storage.close()
+    failure: list[BaseException] = []
+
+    def prepare() -> None:
+        try:
+            storage = open_storage(settings)
+            try:
+                prepare_data_dir(storage, settings, int(time.time() * 1000))
+            finally:
+                storage.close()
+        except BaseException as exc:  # handed to the main thread
+            failure.append(exc)
+
+    worker = threading.Thread(target=prepare, name="collector-prepare", daemon=True)
+    worker.start()
+    worker.join()  # (a signal interrupts the wait and runs its handler)
+    if failure:
+        raise failure[0]
 
 
 def metrics_directory() -> str:
@@ -116,6 +134,9 @@ def run_supervisor(settings: Settings, sock: socket.socket, serving_lock: int) -
     try:
         return trio.run(supervisor.run)
     finally:
+        # trio restored the start-up handler (exit 0 at once): from here a
+        # signal must neither skip this clean-up nor turn a failure into 0
+        defer_stop_signals()
         sock.close()
         shutil.rmtree(supervisor.metrics_dir, ignore_errors=True)
 

@@ -371,6 +371,39 @@ def test_a_stop_signal_during_a_slow_start_exits_0(tmp_path: Path) -> None:
     assert again.stop() == 0
 
 
+def test_a_stop_signal_while_waiting_for_lmdb_writer_lock_exits_at_once(tmp_path: Path) -> None:
+    # A Python signal handler runs only when the main thread is back in the
+    # interpreter: blocked on LMDB's writer lock (a command holding it), serve
+    # ignored SIGTERM until the lock came free (review helper-46). The start-up
+    # transactions now run in a thread, single process and --workers parent alike.
+    data_dir = tmp_path / "data"
+    run_cli("tenants", "import", str(write_tenants(tmp_path / "t.json")), data_dir=data_dir)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import lmdb, sys, time\n"
+         "env = lmdb.open(sys.argv[1], max_dbs=64)\ntxn = env.begin(write=True)\nprint('held', flush=True)\n"
+         "time.sleep(60)", str(data_dir)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        for workers in ("1", "2"):
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "collector", "serve", "--bind", "127.0.0.1:0", "--data-dir", str(data_dir),
+                 "--workers", workers],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            time.sleep(2.5)  # started, and waiting for the writer lock
+            assert proc.poll() is None
+            proc.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            out, err = proc.communicate(timeout=30)
+            assert (proc.returncode, out) == (0, ""), (workers, proc.returncode, err[-500:])
+            assert time.monotonic() - signalled < 3, workers
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_second_serve_on_one_data_directory_is_refused(tmp_path: Path) -> None:
     # It served beside the first, with its own retention sweep, visitor catch-up
     # and full rate buckets: twice the key-wide limit (audit helper-39).
