@@ -125,12 +125,12 @@ class Metrics:
     def render(self) -> bytes:
         if self.shared is None:
             return generate_latest(self.registry)
-        own = self.process_families()
         try:
-            self.shared.publish(own)
+            self.shared.publish(self.process_families())
+            unwritten = False
         except OSError:  # /tmp full: every worker's last written figures (see gather)
-            return generate_latest(_Families([*self.shared.gather(unwritten=True), *self._node_collector.collect()]))
-        return generate_latest(_Families([*self.shared.gather(), *self._node_collector.collect()]))
+            unwritten = True
+        return generate_latest(_Families([*self.shared.gather(unwritten=unwritten), *self._node_collector.collect()]))
 
 
 class _Families(Collector):

@@ -13,7 +13,6 @@ costs more than their whole validation.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import TypeVar
 
 import trio
@@ -36,7 +35,7 @@ def on_loop(read: Callable[..., T], *args: object) -> T:
     try:
         trio.lowlevel.current_task()
     except RuntimeError:  # a worker thread of run_pure
-        return trio.from_thread.run_sync(partial(read, *args))
+        return trio.from_thread.run_sync(read, *args)
     return read(*args)
 
 
@@ -49,4 +48,4 @@ async def run_pure(size: int, work: Callable[..., T], *args: object) -> T:
     except LookupError:
         limiter = trio.CapacityLimiter(2)
         _LIMITER.set(limiter)
-    return await trio.to_thread.run_sync(partial(work, *args), limiter=limiter)
+    return await trio.to_thread.run_sync(work, *args, limiter=limiter)

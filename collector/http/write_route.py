@@ -10,6 +10,7 @@ storage_unavailable with Retry-After when storage fails.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -18,6 +19,7 @@ from urllib.parse import parse_qsl
 import msgspec
 
 from collector.access.domains import gate
+from collector.access.gate import resolve_key
 from collector.access.hostnames import utf8_header
 from collector.access.tenants import KeyRecord, Site
 from collector.errors import RawErrorBody, ServiceError, render_error
@@ -101,8 +103,8 @@ def refuse_payment_headers(services: Services, request: Request) -> None:
         )
         # Refused before the gate, but a known key's response still carries its
         # rate headers (spec 8.2: on every authenticated response; no token is taken).
-        key = request.headers.get("x-api-key") or request.query.get("key")
-        error.key_record = services.keys.lookup(key) if key else None
+        with contextlib.suppress(ServiceError):  # (no key, or an unknown one: no headers)
+            error.key_record, _ = resolve_key(services.keys, request.headers.get("x-api-key"), request.query.get("key"))
         raise error
 
 
