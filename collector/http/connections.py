@@ -26,6 +26,18 @@ to `keep_alive_timeout` (the idle task closes it), `read_timeout` bounds each
 read while a request is in progress, and once reading ends (the client closed,
 a read timed out) nothing waits for the idle task: the connection closes as
 soon as its in-flight request, if any, is done.
+
+Connection also writes a whole response in one send. hypercorn's h11
+protocol hands over a response as three writes: the head, the body and, for a
+Content-Length body, an empty end-of-message. Each is a `send_all`, so a
+syscall and a trip through trio's scheduler, and each can leave as its own
+TCP segment. Here a final response's head waits for the write that follows
+it (the body, or the empty end of a body-less answer) and leaves with it;
+empty writes are dropped. An interim response (1xx: 100-continue, 101) goes
+at once, since the client waits for it. The head waits only for hypercorn's
+next event, which comes at once: hypercorn starts a response only when the
+app sends its first body message, and this app's responses are never
+streamed (bench: a no-op route +20% requests/s; batch25 +10-20%).
 """
 
 from __future__ import annotations
@@ -88,8 +100,22 @@ class Connection(TCPServer):
     _idle = True  # no request in progress (hypercorn starts the idle task before reading)
     _reading_done = False
     _read_scope: trio.CancelScope | None = None
+    _held_head = b""  # a final response's head, waiting for the write after it
 
     async def protocol_send(self, event: Event) -> None:
+        if isinstance(event, RawData):
+            data = event.data
+            if self._held_head:
+                data, self._held_head = self._held_head + data, b""
+            elif _is_final_response_head(data):
+                self._held_head = data
+                return
+            if not data:
+                return  # h11's end of a Content-Length body: nothing to write
+            event = RawData(data)
+        elif self._held_head:  # any other event: what was held goes first
+            held, self._held_head = self._held_head, b""
+            await super().protocol_send(RawData(held))
         if isinstance(event, Updated):
             self._idle = event.idle
             if self._read_scope is not None:  # a read already waiting takes the new bound
@@ -134,3 +160,8 @@ class Connection(TCPServer):
         self._reading_done = True
         await self.idle_task.stop()
         await self.protocol.handle(Closed())
+
+
+def _is_final_response_head(data: bytes) -> bool:
+    # h11 writes every response head as "HTTP/1.1 NNN ..."; 1xx heads are interim
+    return data.startswith(b"HTTP/1.1 ") and data[9:10] != b"1"

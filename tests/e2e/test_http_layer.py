@@ -264,3 +264,59 @@ async def test_an_absolute_form_target_is_routed_and_router_refusals_carry_cors(
         refused = await server.client.get(path, headers={"Origin": "https://acme.com"})
         assert refused.status_code == status
         assert refused.headers["Access-Control-Allow-Origin"] == "https://acme.com"
+
+
+async def test_a_response_leaves_in_one_write_and_an_interim_one_at_once(
+    nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # hypercorn wrote a response as three sends (head, body, an empty end of
+    # message): two extra syscalls and scheduler trips per request. The
+    # server's writes are recorded at the socket stream, both ends being trio's.
+    server = await start_server(nursery, tmp_path)
+    port = urlsplit(server.base_url).port
+    written: list[bytes] = []
+    send_all = trio.SocketStream.send_all
+
+    async def recording(self: trio.SocketStream, data: bytes | bytearray | memoryview) -> None:
+        if self.socket.getsockname()[1] == port:
+            written.append(bytes(data))
+        await send_all(self, data)
+
+    monkeypatch.setattr(trio.SocketStream, "send_all", recording)
+    body = json.dumps({"events": [pageview("one-write")]}).encode()
+    post = (
+        f"POST /v1/events HTTP/1.1\r\nHost: x\r\nX-API-Key: {BROWSER_KEY}\r\nOrigin: https://acme.com\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    ).encode()
+    async with await _open(server) as stream:
+        for request, status in (
+            (post + b"\r\n" + body, b"202"),
+            (HEALTH, b"200"),
+            (b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n", b"404"),
+            (b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n", b"200"),
+        ):
+            written.clear()
+            await stream.send_all(request)
+            with trio.fail_after(5):
+                answer = await stream.receive_some()
+                while not written or len(answer) < len(written[0]):
+                    answer += await stream.receive_some()
+            await trio.sleep(0.05)  # anything written after the answer would show here
+            assert len(written) == 1 and written[0] == answer, (request[:20], written)
+            head, _, rest = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 " + status)
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            assert len(rest) == (0 if request.startswith(b"HEAD") else length)
+        # Expect: 100-continue: the interim answer is not held back (the client waits for it)
+        written.clear()
+        await stream.send_all(post.replace(b"one-write", b"x") + b"Expect: 100-continue\r\n\r\n")
+        with trio.fail_after(3):
+            interim = await stream.receive_some()
+        assert interim.startswith(b"HTTP/1.1 100 ")
+        await stream.send_all(body.replace(b"one-write", b"continued"))
+        with trio.fail_after(5):
+            final = b""
+            while b"}" not in final:
+                final += await stream.receive_some()
+        assert final.startswith(b"HTTP/1.1 202"), final
+    assert [row["eid"] for row in await outbox_dump(server.data_dir)] == ["one-write", "continued"]
