@@ -9,12 +9,15 @@ visitor's decision:
 
 `visitorId` and `consent.analytics` are required; `sessionId` defaults to
 "consent" and `timestamp` to the time of receipt (`consent.timestamp` to
-`timestamp`). Without `_eid` the id is `consent:<visitorId>:<timestamp>` (its
-BLAKE2b-128 hex digest after `consent:` when that is over the spec's 128
-characters), so a retry of the same timestamped decision is a duplicate; a
-request without `timestamp` but with an `Idempotency-Key` header takes the
-header's id instead, and one with neither is a new decision each time it is
-sent (two identical requests may be a visitor deciding twice). The event runs through the same
+`timestamp`). Without `_eid` the id is `consent:<visitorId>:<timestamp>:<siteId>`
+(its BLAKE2b-128 hex digest after `consent:` when that is over the spec's 128
+characters), so a retry of the same timestamped decision is a duplicate, while
+the same decision sent to another property of the tenant is that property's
+own (idempotency ids are tenant-wide, consent records per property). A request
+without `timestamp` but with an `Idempotency-Key` header takes the header's id
+instead, and one with neither is a new decision each time it is sent (two
+identical requests may be a visitor deciding twice): its id ends in 16 random
+hex digits, so two decisions received in the same millisecond never collide. The event runs through the same
 gate, site scope, validation and admission as POST /v1/events; admission also
 records it as the visitor's latest consent (a newer decision is never
 replaced by an older one). It never carries page content and counts toward no
@@ -24,6 +27,7 @@ allowance.
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import Any
 
 import msgspec
@@ -46,15 +50,17 @@ _encoder = msgspec.json.Encoder()
 MAX_ID = 128  # spec 8.1
 
 
-def _generated_id(visitor_id: str, timestamp: float) -> str:
-    eid = f"consent:{visitor_id}:{int(timestamp)}"
+def _generated_id(visitor_id: str, timestamp: float, site_id: str, *, unique: bool) -> str:
+    eid = f"consent:{visitor_id}:{int(timestamp)}:{site_id}"
+    if unique:
+        eid += ":" + os.urandom(8).hex()
     if len(eid) <= MAX_ID:
         return eid
     return "consent:" + hashlib.blake2b(eid.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 def consent_to_event(
-    body: bytes, *, now_ms: int, idempotency_key: str | None = None
+    body: bytes, *, now_ms: int, site_id: str, idempotency_key: str | None = None
 ) -> tuple[bytes, bytes, bytes | None]:
     """The `_consent_transition` event body, its content identity and the previous version's
     identity when it differs (see edge_to_event).
@@ -74,6 +80,8 @@ def consent_to_event(
     }
     if request.eid:
         event["_eid"] = request.eid
-    elif request.timestamp is not None or not (idempotency_key and idempotency_key.strip()):
-        event["_eid"] = _generated_id(request.visitorId, timestamp)
+    elif request.timestamp is not None:
+        event["_eid"] = _generated_id(request.visitorId, timestamp, site_id, unique=False)
+    elif not (idempotency_key and idempotency_key.strip()):
+        event["_eid"] = _generated_id(request.visitorId, timestamp, site_id, unique=True)
     return (_encoder.encode(event), *content_identities(request))

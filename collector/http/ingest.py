@@ -159,8 +159,9 @@ async def _ingest(
             if site is None:
                 site = bind_page_site(record, page_url)
         else:
+            assert site is not None  # the gate binds a consent request's property
             body, content_identity, legacy_identity = consent_to_event(
-                body, now_ms=now_ms, idempotency_key=idempotency_key
+                body, now_ms=now_ms, site_id=site.siteId, idempotency_key=idempotency_key
             )
     assert site is not None  # bound by the gate, or from the edge page above
     storage = services.storage

@@ -140,7 +140,7 @@ async def test_consent_route_records_and_denies_identity(nursery: trio.Nursery, 
     assert (await server.client.post("/v1/events", json=own, headers=ACME)).json()["dropped"] == 1
     stored = await stored_events(server)
     assert {"id-1", "id-3", "id-4"}.isdisjoint(stored) and "id-2" in stored
-    transition = stored[f"consent:v1:{STAMP}"]["event"]
+    transition = stored[f"consent:v1:{STAMP}:web"]["event"]
     assert transition["type"] == "_consent_transition"  # type: ignore[index]
     assert "page" not in transition  # type: ignore[operator]
 
@@ -475,3 +475,35 @@ async def test_backup_and_restore_keep_sealed_values_revealable(nursery: trio.Nu
     shown = await trio.to_thread.run_sync(
         lambda: cli("reveal", receipt, "--reason", "second restore drill", data_dir=elsewhere))
     assert json.loads(shown.stdout)["event"]["rawEmail"] == EMAIL
+
+
+async def test_one_decision_sent_to_two_properties_is_recorded_for_both(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # The generated id was tenant-wide (consent:<visitor>:<timestamp>) while the
+    # record is per property: a CMP syncing one denial to every property had it
+    # swallowed as a duplicate at the second, which then stored identity values.
+    server = await started(nursery, tmp_path)
+    decision = {"visitorId": "v1", "timestamp": STAMP, "consent": {"analytics": True, "identityResolution": False}}
+    for origin in ("https://a.com", "https://b.com"):
+        headers = {"X-API-Key": MULTI, "Origin": origin}
+        body = (await server.client.post("/v1/consent", json=decision, headers=headers)).json()
+        assert (body["accepted"], body["duplicates"]) == (1, 0), (origin, body)
+        body = (await server.client.post("/v1/events", json=identify(f"id-{origin[8]}"), headers=headers)).json()
+        assert (body["accepted"], body["dropped"]) == (0, 1), (origin, body)
+    # (a retry at either property is still a duplicate)
+    again = await server.client.post("/v1/consent", json=decision, headers={"X-API-Key": MULTI, "Origin": "https://b.com"})
+    assert again.json()["duplicates"] == 1
+    assert sorted(await stored_events(server)) == [f"consent:v1:{STAMP}:a", f"consent:v1:{STAMP}:b"]
+
+
+async def test_untimed_decisions_in_one_millisecond_are_each_recorded(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # Their id came from the time of receipt alone: a second, different decision
+    # within the same millisecond was a 409 idempotency_conflict, and lost.
+    server = await started(nursery, tmp_path)
+    server.clock.fixed = STAMP / 1000
+    for analytics, identity in ((True, True), (True, False), (True, False)):
+        decision = {"visitorId": "v1", "consent": {"analytics": analytics, "identityResolution": identity}}
+        response = await server.client.post("/v1/consent", json=decision, headers=ACME)
+        assert response.status_code == 202 and response.json()["accepted"] == 1, response.text
+    assert len(await stored_events(server)) == 3

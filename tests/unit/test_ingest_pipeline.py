@@ -399,10 +399,10 @@ def test_translated_bodies_give_the_previous_identity_only_when_it_differs() -> 
     def consent_body(consent: str) -> bytes:
         return b'{"visitorId":"v","timestamp":1,"consent":' + consent.encode() + b"}"
 
-    _, identity, legacy = consent_to_event(consent_body('{"identityResolution":false,"analytics":true}'), now_ms=5)
+    _, identity, legacy = consent_to_event(consent_body('{"identityResolution":false,"analytics":true}'), now_ms=5, site_id="w")
     assert legacy is not None and b'"identityResolution":false,"analytics":true' in legacy
     assert b'"analytics":true,"identityResolution":false' in identity
-    _, same, none = consent_to_event(consent_body('{"analytics":true,"identityResolution":false}'), now_ms=5)
+    _, same, none = consent_to_event(consent_body('{"analytics":true,"identityResolution":false}'), now_ms=5, site_id="w")
     assert none is None and same == identity
     edge = b'{"visitorId":"v","sessionId":"s","url":"https://a.com/","consent":{"b":1,"a":2}}'
     _, _, edge_identity, edge_legacy = edge_to_event(edge, user_agent="UA", now_ms=5)
