@@ -42,6 +42,10 @@ class Candidate(msgspec.Struct, frozen=True):
     # A pageview's or scroll's page fact: stored as the outbox record's last
     # fact, only on those records (see storage.outbox.OutboxRecord.page).
     page: tuple[str, str, float, float] | None = None
+    # An identify's visitor's consent record: admission drops it when that
+    # record denies identity resolution by now. The request read the record
+    # before a denial still in flight committed (or one in the same group).
+    identity_consent_key: bytes | None = None
 
 
 class Conflict(msgspec.Struct, frozen=True):
@@ -61,6 +65,7 @@ class AdmissionResult(msgspec.Struct, frozen=True):
     receipt_ids: list[str]  # per candidate, the original receipt for duplicates
     duplicate: list[bool]
     usage: Any  # whatever the budget callable returned
+    denied: list[int] = []  # candidates dropped: their visitor's recorded consent denies identity
 
 
 # budget(used_by_unit, added_by_unit) -> usage snapshot; raises JobRefused to refuse.
@@ -136,6 +141,7 @@ class Admission:
         duplicate = [False] * count
         first_in_batch: dict[bytes, int] = {}
         new: list[int] = []
+        denied: list[int] = []
         keys = idempotency.ledger_keys(self.client_id, [cand.eid for cand in candidates])
         # One C call for every lookup: py-lmdb releases the GIL per call, and
         # each reacquisition waits on the busy event loop.
@@ -157,6 +163,11 @@ class Admission:
                         raise JobRefused(Conflict(cand.eid, index))
                     receipts[index] = record.receipt_id
                     duplicate[index] = True
+                    continue
+            if cand.identity_consent_key is not None:
+                stored_consent = txn.get(cand.identity_consent_key, db=dbs.consent)
+                if stored_consent is not None and consent.decode(stored_consent, now_ms=now_ms).identity_resolution is False:
+                    denied.append(index)
                     continue
             new.append(index)
 
@@ -248,4 +259,4 @@ class Admission:
         for index in range(count):
             if receipts[index] is None:
                 receipts[index] = receipts[first_in_batch[keys[index]]]
-        return AdmissionResult([r or "" for r in receipts], duplicate, usage)
+        return AdmissionResult([r or "" for r in receipts], duplicate, usage, denied)

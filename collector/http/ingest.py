@@ -203,6 +203,8 @@ async def _ingest(
     period = billing_period(now_ms)
     if prepared.accepted:
         result = await _admit(services, record.clientId, site.siteId, key_type.value, policy, period, prepared)
+        if result.denied:
+            prepared, result = _without_denied(prepared, result)
         usage = result.usage
     else:
         result = AdmissionResult([], [], None)
@@ -296,7 +298,7 @@ async def _admit(
         key_type=key_type,
         account=policy.account,
         period=period,
-        candidates=[_candidate(client_id, site_id, ev) for ev in prepared.accepted],
+        candidates=_candidates(client_id, site_id, prepared.accepted),
         window_ms=services.settings.idempotency_window_ms,
         budget=budget,
         units=UNITS,
@@ -331,6 +333,46 @@ async def _admit(
             ) from None
         raise
     return result
+
+
+def _candidates(client_id: str, site_id: str, accepted: list[AcceptedEvent]) -> list[Candidate]:
+    candidates = [_candidate(client_id, site_id, ev) for ev in accepted]
+    # An identify is checked again against its visitor's consent record inside
+    # the write transaction (a denial may have committed since the request read
+    # it), unless this request decides that visitor's identity consent itself:
+    # then the pipeline has weighed the record against that decision already.
+    deciding = {
+        ev.visitor_id for ev in accepted
+        if ev.consent_state is not None and ev.consent_state.identityResolution is not None
+    }
+    for position, ev in enumerate(accepted):
+        if ev.event_type == "identify" and ev.visitor_id is not None and ev.visitor_id not in deciding:
+            candidates[position] = msgspec.structs.replace(
+                candidates[position], identity_consent_key=consent_key(client_id, site_id, ev.visitor_id)
+            )
+    return candidates
+
+
+def _without_denied(prepared: PreparedBatch, result: AdmissionResult) -> tuple[PreparedBatch, AdmissionResult]:
+    """Identifies admission dropped for a denial committed after the request read the record."""
+    denied = set(result.denied)
+    kept = [position for position in range(len(prepared.accepted)) if position not in denied]
+    dropped = [
+        DroppedEvent(ev.index, ev.eid, "identity_consent_denied", ev.content_hash, ev.legacy_hash)
+        for position, ev in enumerate(prepared.accepted) if position in denied
+    ]
+    prepared = msgspec.structs.replace(
+        prepared,
+        accepted=[prepared.accepted[p] for p in kept],
+        dropped=sorted([*prepared.dropped, *dropped], key=lambda ev: ev.index),
+    )
+    result = msgspec.structs.replace(
+        result,
+        receipt_ids=[result.receipt_ids[p] for p in kept],
+        duplicate=[result.duplicate[p] for p in kept],
+        denied=[],
+    )
+    return prepared, result
 
 
 def _candidate(client_id: str, site_id: str, ev: AcceptedEvent) -> Candidate:

@@ -11,6 +11,8 @@ import json
 import os
 import pwd
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -507,3 +509,42 @@ async def test_untimed_decisions_in_one_millisecond_are_each_recorded(nursery: t
         response = await server.client.post("/v1/consent", json=decision, headers=ACME)
         assert response.status_code == 202 and response.json()["accepted"] == 1, response.text
     assert len(await stored_events(server)) == 3
+
+
+async def test_an_identify_admitted_after_a_denial_committed_is_dropped(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # The request reads the visitor's consent record before admission: a denial
+    # still in flight then committed first and the identify was stored anyway
+    # (review helper-47: 12 of 200 concurrent pairs). Another process holds
+    # LMDB's writer lock so both requests wait in the writer's queue, the
+    # identify having read no record; admission checks the record again.
+    server = await started(nursery, tmp_path)
+    holder = subprocess.Popen(  # noqa: ASYNC220 (starting it does not block; its exit is awaited below)
+        [sys.executable, "-c", "import lmdb, sys\n"
+         "env = lmdb.open(sys.argv[1], max_dbs=64)\ntxn = env.begin(write=True)\nprint('held', flush=True)\n"
+         "sys.stdin.readline()\ntxn.abort()", str(server.data_dir)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdin is not None and holder.stdout is not None
+    assert await trio.to_thread.run_sync(holder.stdout.readline) == "held\n"
+    decision = {"visitorId": "v1", "timestamp": STAMP, "consent": {"analytics": True, "identityResolution": False}}
+    answers: dict[str, httpx.Response] = {}
+
+    async def post(name: str, path: str, body: object) -> None:
+        answers[name] = await server.client.post(path, json=body, headers=ACME)
+
+    async with trio.open_nursery() as requests:
+        requests.start_soon(post, "denial", "/v1/consent", decision)
+        await trio.sleep(0.3)  # queued behind the held lock
+        batch = {"events": [identify("id-1"), identify("id-2", visitorId="v2")]}
+        requests.start_soon(post, "identify", "/v1/events", batch)
+        await trio.sleep(0.3)
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+    await trio.to_thread.run_sync(lambda: holder.wait(timeout=10))
+    assert answers["denial"].json()["accepted"] == 1
+    body = answers["identify"].json()
+    assert (body["accepted"], body["dropped"], body["duplicates"]) == (1, 1, 0), body
+    assert [(e["index"], e["reason"]) for e in body["errors"]] == [(0, "identity_consent_denied")], body
+    assert len(body["receiptIds"]) == 1 and len(body["ledgerKeys"]) == 1
+    stored = await stored_events(server)
+    assert "id-1" not in stored and "id-2" in stored
