@@ -43,9 +43,14 @@ class Candidate(msgspec.Struct, frozen=True):
     # fact, only on those records (see storage.outbox.OutboxRecord.page).
     page: tuple[str, str, float, float] | None = None
     # An identify's visitor's consent record: admission drops it when that
-    # record denies identity resolution by now. The request read the record
-    # before a denial still in flight committed (or one in the same group).
+    # record, weighed against `identity_stated`, denies identity resolution by
+    # now. The request read the record before a denial still in flight
+    # committed (or one earlier in the same group).
     identity_consent_key: bytes | None = None
+    # The request's own latest identity choice for the visitor before this
+    # event, (when stated, allowed): it outranks the record when stated at the
+    # same time or later, as in the pipeline (collector.ingest.consent.later_identity).
+    identity_stated: tuple[int, bool] | None = None
 
 
 class Conflict(msgspec.Struct, frozen=True):
@@ -70,6 +75,17 @@ class AdmissionResult(msgspec.Struct, frozen=True):
 
 # budget(used_by_unit, added_by_unit) -> usage snapshot; raises JobRefused to refuse.
 Budget = Callable[[dict[str, int], dict[str, int]], Any]
+
+
+def _identity_denied(stored: bytes | memoryview | None, stated: tuple[int, bool] | None, now_ms: int) -> bool:
+    """Whether the visitor's record, against the request's own earlier choice, denies identity resolution."""
+    if stored is None:
+        return False  # (the request's own choice allowed it, or it would not be a candidate)
+    record = consent.decode(stored, now_ms=now_ms)
+    allowed = record.identity_resolution
+    if stated is not None and (allowed is None or stated[0] >= record.identity_time()):
+        allowed = stated[1]
+    return allowed is False
 
 
 def _readable_ledger(raw: bytes | memoryview, key: bytes) -> idempotency.IdempotencyRecord | None:
@@ -141,7 +157,7 @@ class Admission:
         duplicate = [False] * count
         first_in_batch: dict[bytes, int] = {}
         new: list[int] = []
-        denied: list[int] = []
+        denied: dict[int, None] = {}  # (ordered) candidates dropped for denied identity consent
         keys = idempotency.ledger_keys(self.client_id, [cand.eid for cand in candidates])
         # One C call for every lookup: py-lmdb releases the GIL per call, and
         # each reacquisition waits on the busy event loop.
@@ -152,6 +168,9 @@ class Admission:
             if earlier is not None:
                 if candidates[earlier].content_hash != cand.content_hash:
                     raise JobRefused(Conflict(cand.eid, index))
+                if earlier in denied:  # the repeat of a dropped identify is dropped with it
+                    denied[index] = None
+                    continue
                 duplicate[index] = True
                 continue
             first_in_batch[key] = index
@@ -164,11 +183,11 @@ class Admission:
                     receipts[index] = record.receipt_id
                     duplicate[index] = True
                     continue
-            if cand.identity_consent_key is not None:
-                stored_consent = txn.get(cand.identity_consent_key, db=dbs.consent)
-                if stored_consent is not None and consent.decode(stored_consent, now_ms=now_ms).identity_resolution is False:
-                    denied.append(index)
-                    continue
+            if cand.identity_consent_key is not None and _identity_denied(
+                txn.get(cand.identity_consent_key, db=dbs.consent), cand.identity_stated, now_ms
+            ):
+                denied[index] = None
+                continue
             new.append(index)
 
         added = dict.fromkeys(self.units, 0)
@@ -259,4 +278,4 @@ class Admission:
         for index in range(count):
             if receipts[index] is None:
                 receipts[index] = receipts[first_in_batch[keys[index]]]
-        return AdmissionResult([r or "" for r in receipts], duplicate, usage, denied)
+        return AdmissionResult([r or "" for r in receipts], duplicate, usage, list(denied))

@@ -339,16 +339,19 @@ def _candidates(client_id: str, site_id: str, accepted: list[AcceptedEvent]) -> 
     candidates = [_candidate(client_id, site_id, ev) for ev in accepted]
     # An identify is checked again against its visitor's consent record inside
     # the write transaction (a denial may have committed since the request read
-    # it), unless this request decides that visitor's identity consent itself:
-    # then the pipeline has weighed the record against that decision already.
-    deciding = {
-        ev.visitor_id for ev in accepted
-        if ev.consent_state is not None and ev.consent_state.identityResolution is not None
-    }
+    # it), weighed by time against this request's own earlier choice for that
+    # visitor, as the pipeline weighed the record it read.
+    stated: dict[str, tuple[int, bool]] = {}
     for position, ev in enumerate(accepted):
-        if ev.event_type == "identify" and ev.visitor_id is not None and ev.visitor_id not in deciding:
+        state = ev.consent_state
+        if state is not None and state.identityResolution is not None:
+            at = state.identity_at_ms if state.identity_at_ms >= 0 else state.at_ms
+            stated[state.visitor_id] = (at, state.identityResolution)
+        elif ev.event_type == "identify" and ev.visitor_id is not None:
             candidates[position] = msgspec.structs.replace(
-                candidates[position], identity_consent_key=consent_key(client_id, site_id, ev.visitor_id)
+                candidates[position],
+                identity_consent_key=consent_key(client_id, site_id, ev.visitor_id),
+                identity_stated=stated.get(ev.visitor_id),
             )
     return candidates
 

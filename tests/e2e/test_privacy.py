@@ -14,6 +14,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import trio
@@ -511,13 +512,12 @@ async def test_untimed_decisions_in_one_millisecond_are_each_recorded(nursery: t
     assert len(await stored_events(server)) == 3
 
 
-async def test_an_identify_admitted_after_a_denial_committed_is_dropped(nursery: trio.Nursery, tmp_path: Path) -> None:
-    # The request reads the visitor's consent record before admission: a denial
-    # still in flight then committed first and the identify was stored anyway
-    # (review helper-47: 12 of 200 concurrent pairs). Another process holds
-    # LMDB's writer lock so both requests wait in the writer's queue, the
-    # identify having read no record; admission checks the record again.
-    server = await started(nursery, tmp_path)
+async def _behind_a_held_writer(server: RunningServer, *requests: tuple[str, object]) -> list[dict[str, Any]]:
+    """POST each (path, body) in turn while another process holds LMDB's writer lock, then release it.
+
+    The requests are prepared (their consent records read) and wait in the
+    writer's queue in this order; they then commit in one group.
+    """
     holder = subprocess.Popen(  # noqa: ASYNC220 (starting it does not block; its exit is awaited below)
         [sys.executable, "-c", "import lmdb, sys\n"
          "env = lmdb.open(sys.argv[1], max_dbs=64)\ntxn = env.begin(write=True)\nprint('held', flush=True)\n"
@@ -526,25 +526,67 @@ async def test_an_identify_admitted_after_a_denial_committed_is_dropped(nursery:
     )  # fmt: skip
     assert holder.stdin is not None and holder.stdout is not None
     assert await trio.to_thread.run_sync(holder.stdout.readline) == "held\n"
-    decision = {"visitorId": "v1", "timestamp": STAMP, "consent": {"analytics": True, "identityResolution": False}}
-    answers: dict[str, httpx.Response] = {}
+    answers: dict[int, httpx.Response] = {}
 
-    async def post(name: str, path: str, body: object) -> None:
-        answers[name] = await server.client.post(path, json=body, headers=ACME)
+    async def post(position: int, path: str, body: object) -> None:
+        answers[position] = await server.client.post(path, json=body, headers=ACME)
 
-    async with trio.open_nursery() as requests:
-        requests.start_soon(post, "denial", "/v1/consent", decision)
-        await trio.sleep(0.3)  # queued behind the held lock
-        batch = {"events": [identify("id-1"), identify("id-2", visitorId="v2")]}
-        requests.start_soon(post, "identify", "/v1/events", batch)
-        await trio.sleep(0.3)
+    async with trio.open_nursery() as posting:
+        for position, (path, body) in enumerate(requests):
+            posting.start_soon(post, position, path, body)
+            await trio.sleep(0.3)  # prepared, and queued behind the held lock
         holder.stdin.write("\n")
         holder.stdin.flush()
     await trio.to_thread.run_sync(lambda: holder.wait(timeout=10))
-    assert answers["denial"].json()["accepted"] == 1
-    body = answers["identify"].json()
+    return [answers[position].json() for position in range(len(requests))]
+
+
+def _decision(visitor: str, at: int, identity: bool) -> dict[str, object]:
+    return {"visitorId": visitor, "timestamp": at, "consent": {"analytics": True, "identityResolution": identity}}
+
+
+def _transition(eid: str, visitor: str, at: int, identity: bool) -> dict[str, object]:
+    return {"type": "_consent_transition", "_eid": eid, "visitorId": visitor, "sessionId": "s1", "timestamp": at,
+            "consent": {"analytics": True, "identityResolution": identity}}
+
+
+async def test_an_identify_admitted_after_a_denial_committed_is_dropped(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # The request reads the visitor's consent record before admission: a denial
+    # still in flight then committed first and the identify was stored anyway
+    # (review helper-47: 12 of 200 concurrent pairs). Admission checks again.
+    server = await started(nursery, tmp_path)
+    denial, body = await _behind_a_held_writer(
+        server,
+        ("/v1/consent", _decision("v1", STAMP, False)),
+        ("/v1/events", {"events": [identify("id-1"), identify("id-2", visitorId="v2")]}),
+    )
+    assert denial["accepted"] == 1
     assert (body["accepted"], body["dropped"], body["duplicates"]) == (1, 1, 0), body
     assert [(e["index"], e["reason"]) for e in body["errors"]] == [(0, "identity_consent_denied")], body
     assert len(body["receiptIds"]) == 1 and len(body["ledgerKeys"]) == 1
     stored = await stored_events(server)
     assert "id-1" not in stored and "id-2" in stored
+
+
+async def test_the_recheck_weighs_the_requests_own_choice_by_time(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # Review helper-49: a request carrying any identity choice for the visitor
+    # skipped the check, so an older grant in it let the identify through a
+    # newer committed denial. And an in-batch repeat of the dropped identify was
+    # reported as a stored duplicate with an empty receipt.
+    server = await started(nursery, tmp_path)
+    minute = 60_000
+    _, stale, newer = await _behind_a_held_writer(
+        server,
+        ("/v1/consent", _decision("v1", STAMP - 2 * minute, False)),
+        ("/v1/events", {"events": [_transition("grant-old", "v1", STAMP - 3 * minute, True),
+                                   identify("id-stale"), identify("id-stale")]}),
+        ("/v1/events", {"events": [_transition("grant-new", "v1", STAMP - minute, True), identify("id-newer")]}),
+    )
+    assert (stale["accepted"], stale["dropped"], stale["duplicates"]) == (1, 2, 0), stale
+    assert [(e["index"], e["reason"]) for e in stale["errors"]] == [
+        (1, "identity_consent_denied"), (2, "identity_consent_denied")
+    ]
+    assert stale["receiptIds"] == [stale["receiptIds"][0]] and stale["receiptIds"][0]
+    assert (newer["accepted"], newer["dropped"]) == (2, 0), newer
+    stored = await stored_events(server)
+    assert "id-stale" not in stored and {"grant-old", "id-newer", "grant-new"} <= set(stored)
