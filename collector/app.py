@@ -33,7 +33,7 @@ from collector.fieldkeys import key_file_path, load_or_create
 from collector.http.access_log import flush_periodically as flush_access_log
 from collector.http.asgi import Receive, Scope, Send, send_response
 from collector.http.client_address import TrustedProxies
-from collector.http.connections import Connection, ConnectionGuard
+from collector.http.connections import Connection, ConnectionGuard, OpenSends
 from collector.http.drain import Drain
 from collector.http.ingest import make_ingest_handler
 from collector.http.ops import ops_handlers
@@ -409,27 +409,37 @@ async def _serve_http(
             sock.listen(config.backlog)
             listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
             binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
+        sends = OpenSends()
         connection = ConnectionGuard(
-            partial(Connection, asgi, config, context, ConnectionState(state.copy())),
+            partial(Connection, asgi, config, context, ConnectionState(state.copy()), sends=sends),
             partial(app.services.metrics.count_labelled, "collector_connection_failures"),
         )
-        async with trio.open_nursery() as connections:
-            async with trio.open_nursery() as accepting:
-                accepting.start_soon(
-                    partial(trio.serve_listeners, connection, listeners, handler_nursery=connections)
-                )
-                task_status.started(binds)
-                await shutdown.wait()
-                drain.start_draining()
-                accepting.cancel_scope.cancel()  # closes the listeners
-            deadline = trio.current_time() + config.graceful_timeout
-            connections.cancel_scope.deadline = deadline
-            with trio.move_on_at(deadline):
-                await drain.wait_idle(DRAIN_QUIET_S)
-            drain.closing = True
-            await context.terminated.set()  # hypercorn closes the idle keep-alive connections
+        async with trio.open_nursery() as deadline_watch:
+            async with trio.open_nursery() as connections:
+                async with trio.open_nursery() as accepting:
+                    accepting.start_soon(
+                        partial(trio.serve_listeners, connection, listeners, handler_nursery=connections)
+                    )
+                    task_status.started(binds)
+                    await shutdown.wait()
+                    drain.start_draining()
+                    accepting.cancel_scope.cancel()  # closes the listeners
+                deadline = trio.current_time() + config.graceful_timeout
+                connections.cancel_scope.deadline = deadline
+                # (writes are shielded: one to a client that reads nothing outlives the cancel)
+                deadline_watch.start_soon(_abandon_at, deadline, sends)
+                with trio.move_on_at(deadline):
+                    await drain.wait_idle(DRAIN_QUIET_S)
+                drain.closing = True
+                await context.terminated.set()  # hypercorn closes the idle keep-alive connections
+            deadline_watch.cancel_scope.cancel()
         await lifespan.wait_for_shutdown()
         lifespan_nursery.cancel_scope.cancel()
+
+
+async def _abandon_at(deadline: float, sends: OpenSends) -> None:
+    await trio.sleep_until(deadline)
+    sends.abandon()
 
 
 async def _watch_signals(shutdown: trio.Event) -> None:

@@ -48,14 +48,21 @@ moved: keep_alive_timeout from the end of the last request, never while one
 is in progress. It does what hypercorn's idle task did: it closes a
 connection idle for keep_alive_timeout, and one idle when the server
 terminates (a busy one once its request is done).
+
+Writes are shielded from cancellation, as hypercorn's are (a response is not
+cut off half-way because its task was cancelled), but a graceful shutdown
+abandons those still blocked when its deadline passes (OpenSends): hypercorn's
+shield had no bound, so a client that stopped reading (a full receive
+buffer) held SIGTERM off for as long as it stayed connected.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import trio
@@ -104,6 +111,31 @@ class ConnectionGuard:
             unlogged,
             exc_info=exc,
         )
+
+
+class OpenSends:
+    """The shielded writes in progress on a server's connections, so that shutdown can abandon them."""
+
+    def __init__(self) -> None:
+        self._scopes: set[trio.CancelScope] = set()
+        self._abandoned = False
+
+    @contextlib.contextmanager
+    def shielded(self) -> Iterator[None]:
+        with trio.CancelScope(shield=True) as scope:
+            if self._abandoned:
+                scope.cancel()
+            self._scopes.add(scope)
+            try:
+                yield
+            finally:
+                self._scopes.discard(scope)
+
+    def abandon(self) -> None:
+        """Cancel every write in progress, and every later one at once."""
+        self._abandoned = True
+        for scope in self._scopes:
+            scope.cancel()
 
 
 class IdleWatch:
@@ -168,9 +200,10 @@ class Connection(TCPServer):
     _read_scope: trio.CancelScope | None = None
     _held_head = b""  # a final response's head, waiting for the write after it
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, sends: OpenSends | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.idle_task = self._idle_watch = IdleWatch(self)  # type: ignore[assignment]
+        self._sends = sends if sends is not None else OpenSends()
 
     async def protocol_send(self, event: Event) -> None:
         if isinstance(event, RawData):
@@ -182,10 +215,11 @@ class Connection(TCPServer):
                 return
             if not data:
                 return  # h11's end of a Content-Length body: nothing to write
-            event = RawData(data)
-        elif self._held_head:  # any other event: what was held goes first
+            await self._write(data)
+            return
+        if self._held_head:  # any other event: what was held goes first
             held, self._held_head = self._held_head, b""
-            await super().protocol_send(RawData(held))
+            await self._write(held)
         if isinstance(event, Updated):
             self._idle = event.idle
             if self._read_scope is not None:  # a read already waiting takes the new bound
@@ -194,6 +228,15 @@ class Connection(TCPServer):
                 self._idle_watch.set_idle(event.idle)
             return
         await super().protocol_send(event)
+
+    async def _write(self, data: bytes) -> None:
+        # hypercorn's RawData write, with a shield the shutdown can lift
+        async with self.send_lock:
+            try:
+                with self._sends.shielded():
+                    await self.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                await self.protocol.handle(Closed())
 
     async def _close(self) -> None:
         # hypercorn sends EOF without its send lock: when h11 gives up on the

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import lmdb
+import pytest
 import trio
 
 from tests.conftest import BROWSER_KEY, PAID_KEY, pageview, write_tenants
@@ -540,3 +541,26 @@ def test_bad_operator_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert (foreign / "data.mdb").read_bytes() == foreign_data  # (its lock file only saw a reader come and go)
     assert not (tmp_path / "keyless").exists()
 
+
+
+def test_a_client_that_reads_nothing_does_not_hold_the_stop_past_the_graceful_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # hypercorn shields every write from cancellation with no bound: a client
+    # that pipelined requests and never read their answers (its receive buffer
+    # full) held SIGTERM off for as long as it stayed connected (review helper-49).
+    monkeypatch.setenv("COLLECTOR_GRACEFUL_TIMEOUT", "2")
+    server = ServerProcess(tmp_path)
+    host, port = server.url.removeprefix("http://").split(":")
+    try:
+        with socket.socket() as client:
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            client.connect((host, int(port)))
+            client.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 400)
+            time.sleep(1)  # the server's writes now block on the full buffers
+            started = time.monotonic()
+            assert server.stop(signal.SIGTERM, timeout=20) == 0
+            assert time.monotonic() - started < 2 + 3
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
