@@ -21,13 +21,13 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import lmdb
 import msgspec
 
-from storage.env import DB_NAMES, FORMAT_VERSION, Storage
+from storage.env import DB_NAMES, FORMAT_VERSION, FormatError, Storage, parse_format
 from storage.errors import UNREADABLE_RECORD, mapped_lmdb_errors
 from storage.outbox import NEXT_SEQ
 
@@ -69,6 +69,19 @@ def backup(
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise BackupError(f"backup destination {dest} is not an empty directory")
     created_dir = not dest.exists()
+    # LMDB creates the copy with the umask and it is made 0600 only once done: a
+    # destination that exists already (0755) showed the events to any local
+    # user meanwhile. The manifest is owner-only too.
+    umask = os.umask(0o077)
+    try:
+        return _backup(storage, dest, created_dir, extra_files)
+    finally:
+        os.umask(umask)
+
+
+def _backup(
+    storage: Storage, dest: Path, created_dir: bool, extra_files: Sequence[tuple[Path, str]]
+) -> BackupManifest:
     try:
         dest.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
@@ -86,7 +99,7 @@ def backup(
         os.chmod(data, 0o600)  # as restore leaves it: the events are the tenants' data
         digest, size = _sha256(data, fsync=True)
         manifest = BackupManifest(
-            format=int(raw_format or b"0"),
+            format=parse_format(raw_format, storage.path),
             created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             node_id=storage.node_id,
             data_bytes=size,
@@ -110,6 +123,8 @@ def backup(
                 dest.rmdir()
         if isinstance(exc, OSError):
             raise BackupError(f"backup to {dest} failed: {exc.strerror or exc}; nothing was kept") from None
+        if isinstance(exc, FormatError):
+            raise BackupError(f"{exc}; nothing was kept") from None
         raise
     return manifest
 
@@ -166,32 +181,77 @@ def restore(
     non_empty = occupied and any(target.iterdir())
     if non_empty and not force:
         raise BackupError(f"{target} is not empty; pass --force to replace it")
-    if non_empty and _in_use(target):
-        raise BackupError(f"{target} is open in a running collector; stop it before restoring")
 
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.with_name(f".{target.name}.restoring")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(mode=0o700)
-    try:
-        copied = _copy_and_hash(data, staging / DATA_FILE)
-        if copied != manifest.sha256:
-            raise BackupError(f"checksum mismatch: {data} changed while it was copied")
-        _renew_node_id(staging)
-        for name in carry_files:
-            for origin in (src / name, target / name):
-                if origin.is_file():
-                    shutil.copy2(origin, staging / name)  # keeps owner-only permissions
-                    break
-        _fsync_dir(staging)
-        if non_empty:
-            _replace_non_empty(staging, target)
-        else:
-            os.replace(staging, target)  # onto an absent or empty directory: one rename
-        _fsync_dir(target.parent)
-    finally:
+    with _held_for_restore(target):
+        # Checked again once the locks are held, and again before the swap: a
+        # command that opened the directory meanwhile (a serve cannot: it
+        # needs the lock on data.mdb held here) would lose what it writes.
+        if non_empty and _in_use(target):
+            raise BackupError(f"{target} is open in a running collector; stop it before restoring")
+        staging = target.with_name(f".{target.name}.restoring")
         shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(mode=0o700)
+        try:
+            copied = _copy_and_hash(data, staging / DATA_FILE)
+            if copied != manifest.sha256:
+                raise BackupError(f"checksum mismatch: {data} changed while it was copied")
+            _renew_node_id(staging)
+            for name in carry_files:
+                for origin in (src / name, target / name):
+                    if origin.is_file():
+                        shutil.copy2(origin, staging / name)  # keeps owner-only permissions
+                        with (staging / name).open("rb") as handle:
+                            os.fsync(handle.fileno())  # the old directory, maybe its only copy, goes next
+                        break
+            _fsync_dir(staging)
+            if non_empty and _in_use(target):
+                raise BackupError(f"{target} was opened by a collector command during the restore; nothing was changed")
+            if non_empty:
+                _replace_non_empty(staging, target)
+            else:
+                os.replace(staging, target)  # onto an absent or empty directory: one rename
+            _fsync_dir(target.parent)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return manifest
+
+
+@contextlib.contextmanager
+def _held_for_restore(target: Path) -> Iterator[None]:
+    """Hold off a second restore beside `target` (a flock on its parent) and a serve of it.
+
+    `serve` holds an exclusive flock on data.mdb for as long as it runs (and
+    its workers after it): taking that lock here refuses a restore while one
+    serves, and refuses a serve that starts while the copy is made, which
+    would otherwise acknowledge events into the directory about to be replaced.
+    """
+    descriptors: list[int] = []
+    try:
+        try:
+            parent = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            descriptors.append(parent)
+            if not _try_flock(parent):
+                raise BackupError(f"another restore into {target.parent} is running; wait for it")
+            served = os.open(target / DATA_FILE, os.O_RDONLY | os.O_CLOEXEC) if (target / DATA_FILE).exists() else -1
+            if served >= 0:
+                descriptors.append(served)
+                if not _try_flock(served):
+                    raise BackupError(f"{target} is served by a running collector; stop it before restoring")
+        except OSError as exc:
+            raise BackupError(f"cannot lock {target} for the restore: {exc.strerror or exc}") from None
+        yield
+    finally:
+        for descriptor in descriptors:
+            os.close(descriptor)
+
+
+def _try_flock(descriptor: int) -> bool:
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def read_manifest(src: Path) -> BackupManifest:
@@ -225,7 +285,10 @@ def _format_of(src: Path) -> int:
         raise BackupError(f"{src / DATA_FILE} holds no collector data: {exc}") from None
     finally:
         env.close()
-    return int(raw) if raw else 0
+    try:
+        return parse_format(raw, src / DATA_FILE)
+    except FormatError as exc:
+        raise BackupError(str(exc)) from None
 
 
 def _renew_node_id(staging: Path) -> None:

@@ -45,6 +45,16 @@ class Databases:
     visitors: lmdb._Database  # the visitor projection: clientId, siteId, visitorId -> record
 
 
+def parse_format(raw: bytes | memoryview | None, where: object) -> int:
+    """The storage format marker's value (0: none, data older than the marker); FormatError when damaged."""
+    if raw is None:
+        return 0
+    try:
+        return int(bytes(raw).decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise FormatError(f"{where} has a damaged storage format marker ({bytes(raw)[:16]!r})") from None
+
+
 class Storage:
     """An open data directory. Thread-safe for reads; writes belong to the writer."""
 
@@ -110,7 +120,7 @@ class Storage:
                 txn.put(b"node_id", secrets.token_hex(4).encode(), db=self.dbs.meta)
                 return
             # Data without a marker was written before the marker existed: format 0.
-            version = int(raw) if raw is not None else 0
+            version = parse_format(raw, self.path)
             if version > FORMAT_VERSION:
                 raise FormatError(
                     f"data directory {self.path} has storage format {version}; this collector"

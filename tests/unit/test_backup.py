@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -285,3 +286,90 @@ def test_a_manifest_that_is_not_utf8_is_refused(live: Storage, tmp_path: Path) -
     manifest.write_bytes(manifest.read_bytes().replace(b'"nodeId":"', b'"nodeId":"\xff', 1))
     with pytest.raises(BackupError, match="is not a backup manifest"):
         restore(tmp_path / "bk", tmp_path / "t")
+
+
+def test_a_restore_holds_off_a_serve_and_a_second_restore(live: Storage, tmp_path: Path) -> None:
+    # restore checked once, before its copy, that nothing had the directory open:
+    # a serve started during the copy acknowledged events into the directory the
+    # swap then deleted, and two restores removed each other's staging copy
+    # (review helper-48). It now holds serve's lock on data.mdb, and one on the
+    # parent directory, from its check to its swap.
+    backup(live, tmp_path / "bk")
+    live.close()
+    with backup_module._held_for_restore(live.path):
+        started = subprocess.run(
+            [sys.executable, "-m", "collector", "serve", "--bind", "127.0.0.1:0", "--data-dir", str(live.path)],
+            capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2],
+        )  # fmt: skip
+        assert started.returncode == 2 and "another collector serve already serves" in started.stderr
+        with pytest.raises(BackupError, match="another restore into .* is running"):
+            restore(tmp_path / "bk", live.path, force=True)
+    # and a serve that holds its lock refuses the restore
+    serving = subprocess.Popen(
+        [sys.executable, "-m", "collector", "serve", "--bind", "127.0.0.1:0", "--data-dir", str(live.path)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    try:
+        assert serving.stdout is not None and "listening on" in serving.stdout.readline()
+        with pytest.raises(BackupError, match="served by a running collector"):
+            restore(tmp_path / "bk", live.path, force=True)
+    finally:
+        serving.terminate()
+        serving.wait(timeout=20)
+    restore(tmp_path / "bk", live.path, force=True)
+    assert eids(live.path) == ["a", "b", "c"]
+
+
+def test_a_backup_is_owner_only_while_it_is_written(live: Storage, tmp_path: Path) -> None:
+    # LMDB created the copy with the umask (0644) and it was made 0600 only once
+    # complete; in a destination that already existed (0755) any local user could
+    # open it meanwhile and keep reading (review helper-48). The manifest too.
+    dest = tmp_path / "bk"
+    dest.mkdir(mode=0o755)
+    seen: list[int] = []
+    real_sha256 = backup_module._sha256
+
+    def noting_modes(path: Path, *, fsync: bool = False) -> tuple[str, int]:
+        seen.append(path.stat().st_mode & 0o777)  # as LMDB left it, before the chmod
+        return real_sha256(path, fsync=fsync)
+
+    previous = os.umask(0o022)
+    try:
+        backup_module._sha256 = noting_modes  # type: ignore[assignment]
+        backup(live, dest)
+    finally:
+        backup_module._sha256 = real_sha256  # type: ignore[assignment]
+        os.umask(previous)
+    assert seen == [0o600]
+    assert {p.name: p.stat().st_mode & 0o777 for p in dest.iterdir()} == {"data.mdb": 0o600, MANIFEST: 0o600}
+    assert os.umask(0o022) == 0o022  # the process's umask is left as it was
+
+
+def test_a_damaged_format_marker_is_one_line_not_a_traceback(live: Storage, tmp_path: Path) -> None:
+    # int() of the marker raised ValueError: a traceback from check, serve,
+    # backup and restore alike (review helper-48).
+    backup(live, tmp_path / "bk")
+    with live.env.begin(write=True) as txn:
+        txn.put(b"format", b"zz", db=live.dbs.meta)
+    with pytest.raises(BackupError, match="damaged storage format marker"):
+        backup(live, tmp_path / "bk2")
+    assert not (tmp_path / "bk2").exists()
+    live.close()
+    # the same damage inside a backup whose manifest matches it
+    copy = lmdb.open(str(tmp_path / "bk"), max_dbs=64)
+    with copy.begin(write=True) as txn:
+        txn.put(b"format", b"zz", db=copy.open_db(b"meta", txn=txn))
+    copy.close()
+    (tmp_path / "bk" / "lock.mdb").unlink(missing_ok=True)
+    data = (tmp_path / "bk" / "data.mdb").read_bytes()
+    manifest = json.loads((tmp_path / "bk" / MANIFEST).read_text())
+    manifest.update(dataBytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (tmp_path / "bk" / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(BackupError, match="damaged storage format marker"):
+        restore(tmp_path / "bk", tmp_path / "restored")
+    result = subprocess.run(
+        [sys.executable, "-m", "collector", "check", "--data-dir", str(live.path)],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.count("\n") == 1 and "damaged storage format marker" in result.stderr
