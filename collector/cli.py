@@ -607,7 +607,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"collector: storage error: {one_line(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        return 0
+        if args.command == "serve":
+            return 0  # a stop signal is how serve is stopped
+        # An operator command cut short did not do its work: a script's `&&` must not go on.
+        print("collector: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         return 0
     except OSError as exc:  # a path the command was given cannot be used: one line, no traceback

@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -373,3 +375,19 @@ def test_a_damaged_format_marker_is_one_line_not_a_traceback(live: Storage, tmp_
     )  # fmt: skip
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.count("\n") == 1 and "damaged storage format marker" in result.stderr
+
+
+def test_an_interrupted_operator_command_does_not_exit_0(live: Storage, tmp_path: Path) -> None:
+    # Ctrl-C during backup or restore exited 0 with nothing done: `backup && echo ok`
+    # said ok (review helper-48). Here `outbox dump` blocks writing to a pipe nobody reads.
+    admit(live, [f"e{n:04d}" for n in range(400)])
+    live.close()
+    dump = subprocess.Popen(
+        [sys.executable, "-m", "collector", "outbox", "dump", "--data-dir", str(live.path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    time.sleep(2)  # blocked on the full pipe
+    dump.send_signal(signal.SIGINT)
+    assert dump.stderr is not None
+    assert dump.wait(timeout=20) == 130
+    assert dump.stderr.read() == b"collector: interrupted\n"
