@@ -356,3 +356,13 @@ def test_visitor_records_that_do_not_decode_and_cursors_past_the_head(storage: S
         "cursor other is not an 8-byte sequence number: b'\\x01'",
         "cursor visitors is at seq 10008, past the outbox head 8",
     ]
+
+
+def test_an_event_member_that_is_not_utf8_is_a_problem(storage: Storage) -> None:
+    # The facts decoder skips the members it does not read, unvalidated: check
+    # passed a record `outbox dump` skips (review helper-48).
+    with storage.read() as txn:
+        row = bytes(txn.get(outbox.seq_key(1), db=storage.dbs.outbox))
+    put_raw(storage, "outbox", outbox.seq_key(1), spoiled(row, b'web", "receivedAt'))  # the event's siteId
+    problems = check(storage).problems
+    assert len(problems) == 1 and problems[0].startswith("outbox seq 1 does not decode: 'utf-8' codec"), problems
