@@ -422,6 +422,14 @@ def cmd_restore(args: argparse.Namespace) -> int:
     carry = () if settings.field_key_file else (DEFAULT_NAME,)
     manifest = restore(Path(args.src), Path(settings.data_dir), force=args.force, carry_files=carry)
     print(_json.encode(manifest).decode())
+    if carry and not (Path(settings.data_dir) / DEFAULT_NAME).is_file():
+        # Neither the backup nor the replaced directory had one: serve would make
+        # a new key, and values it seals could not be opened with the old one.
+        print(
+            f"collector: warning: the restored directory has no field-key file ({DEFAULT_NAME}); copy the"
+            " one this data was sealed with into it before `serve`, or sealed values stay closed",
+            file=sys.stderr,
+        )
     return 0
 
 

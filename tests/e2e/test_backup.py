@@ -7,7 +7,7 @@ from pathlib import Path
 
 import trio
 
-from tests.conftest import BROWSER_KEY, click, pageview, start_server
+from tests.conftest import BROWSER_KEY, click, pageview, start_server, write_tenants
 from tests.helpers import run_cli
 
 H = {"X-API-Key": BROWSER_KEY, "Origin": "https://acme.com"}
@@ -39,3 +39,20 @@ async def test_online_backup_restore_and_check(nursery: trio.Nursery, tmp_path: 
     tampered = run_cli("restore", str(dest), data_dir=tmp_path / "other", check=False)
     assert tampered.returncode == 2 and "checksum mismatch" in tampered.stderr
     assert not (tmp_path / "other").exists()
+
+
+def test_a_restore_that_leaves_no_field_key_file_says_so(tmp_path: Path) -> None:
+    # Restored into a new directory from a backup made without --with-field-keys,
+    # it said nothing, and the first serve made a new key under the old key's id:
+    # values sealed before could not be opened, nor those sealed after once the
+    # old file was copied back (review helper-48).
+    data_dir = tmp_path / "data"
+    run_cli("tenants", "import", str(write_tenants(tmp_path / "t.json")), data_dir=data_dir)
+    run_cli("backup", str(tmp_path / "bk"), data_dir=data_dir)
+    restored = run_cli("restore", str(tmp_path / "bk"), data_dir=tmp_path / "restored")
+    assert "warning: the restored directory has no field-key file (field-keys.json)" in restored.stderr
+    (data_dir / "field-keys.json").write_text('{"active": "k1", "keys": {"k1": "' + "A" * 44 + '"}}')
+    (data_dir / "field-keys.json").chmod(0o600)
+    run_cli("backup", str(tmp_path / "bk2"), "--with-field-keys", data_dir=data_dir)
+    restored = run_cli("restore", str(tmp_path / "bk2"), data_dir=tmp_path / "restored2")
+    assert "warning" not in restored.stderr and (tmp_path / "restored2" / "field-keys.json").is_file()
