@@ -42,14 +42,14 @@ class Candidate(msgspec.Struct, frozen=True):
     # A pageview's or scroll's page fact: stored as the outbox record's last
     # fact, only on those records (see storage.outbox.OutboxRecord.page).
     page: tuple[str, str, float, float] | None = None
-    # An identify's visitor's consent record: admission drops it when that
-    # record, weighed against `identity_stated`, denies identity resolution by
-    # now. The request read the record before a denial still in flight
-    # committed (or one earlier in the same group).
+    # An identify's visitor's consent record: admission drops the identify when
+    # that record, weighed against `identity_stated`, denies identity
+    # resolution. Read inside the write transaction, it holds every denial
+    # committed before, one earlier in the same group commit included.
     identity_consent_key: bytes | None = None
     # The request's own latest identity choice for the visitor before this
     # event, (when stated, allowed): it outranks the record when stated at the
-    # same time or later, as in the pipeline (collector.ingest.consent.later_identity).
+    # same time or later, the record's own rule (storage.consent.merged).
     identity_stated: tuple[int, bool] | None = None
 
 
@@ -70,7 +70,7 @@ class AdmissionResult(msgspec.Struct, frozen=True):
     receipt_ids: list[str]  # per candidate, the original receipt for duplicates
     duplicate: list[bool]
     usage: Any  # whatever the budget callable returned
-    denied: list[int] = []  # candidates dropped: their visitor's recorded consent denies identity
+    denied: list[int] = []  # candidates dropped: their visitor's consent denies identity resolution
 
 
 # budget(used_by_unit, added_by_unit) -> usage snapshot; raises JobRefused to refuse.
@@ -80,7 +80,7 @@ Budget = Callable[[dict[str, int], dict[str, int]], Any]
 def _identity_denied(stored: bytes | memoryview | None, stated: tuple[int, bool] | None, now_ms: int) -> bool:
     """Whether the visitor's record, against the request's own earlier choice, denies identity resolution."""
     if stored is None:
-        return False  # (the request's own choice allowed it, or it would not be a candidate)
+        return stated is not None and stated[1] is False
     record = consent.decode(stored, now_ms=now_ms)
     allowed = record.identity_resolution
     if stated is not None and (allowed is None or stated[0] >= record.identity_time()):
@@ -168,26 +168,32 @@ class Admission:
             if earlier is not None:
                 if candidates[earlier].content_hash != cand.content_hash:
                     raise JobRefused(Conflict(cand.eid, index))
-                if earlier in denied:  # the repeat of a dropped identify is dropped with it
-                    denied[index] = None
-                    continue
                 duplicate[index] = True
                 continue
-            first_in_batch[key] = index
+            record = None
             if known:
                 raw = known.get(key)
                 record = _readable_ledger(raw, key) if raw is not None else None
-                if record is not None and idempotency.live(record, now_ms, self.window_ms):
-                    if record.content_hash != cand.content_hash and record.content_hash != cand.legacy_hash:
-                        raise JobRefused(Conflict(cand.eid, index))
-                    receipts[index] = record.receipt_id
-                    duplicate[index] = True
-                    continue
+                if record is not None and not idempotency.live(record, now_ms, self.window_ms):
+                    record = None
+            if record is not None and record.content_hash in (cand.content_hash, cand.legacy_hash):
+                # An exact replay is a duplicate (spec 4.1 rule 4), even of an
+                # identify stored before its visitor denied identity resolution.
+                first_in_batch[key] = index
+                receipts[index] = record.receipt_id
+                duplicate[index] = True
+                continue
             if cand.identity_consent_key is not None and _identity_denied(
                 txn.get(cand.identity_consent_key, db=dbs.consent), cand.identity_stated, now_ms
             ):
+                # Dropped, new or changed; its id stays free, as for any dropped
+                # event (an in-batch repeat is judged again, after the choices
+                # between them).
                 denied[index] = None
                 continue
+            if record is not None:
+                raise JobRefused(Conflict(cand.eid, index))
+            first_in_batch[key] = index
             new.append(index)
 
         added = dict.fromkeys(self.units, 0)
@@ -276,6 +282,6 @@ class Admission:
                         )
         # In-batch duplicates take the receipt of the first occurrence.
         for index in range(count):
-            if receipts[index] is None:
+            if receipts[index] is None and index not in denied:
                 receipts[index] = receipts[first_in_batch[keys[index]]]
         return AdmissionResult([r or "" for r in receipts], duplicate, usage, list(denied))

@@ -15,8 +15,7 @@ from __future__ import annotations
 import msgspec
 
 from storage.bounded_keys import bounded_key
-from storage.env import Storage
-from storage.errors import UNREADABLE_RECORD, mapped_lmdb_errors
+from storage.errors import UNREADABLE_RECORD
 
 
 class RecordedConsent(msgspec.Struct, array_like=True, frozen=True):
@@ -102,11 +101,3 @@ def merged(
     )
     result = RecordedConsent(newer.at_ms, newer.analytics, identity, sharing, newer.eid, identity_at, sharing_at)
     return None if result == stored else result
-
-
-def read_consent(
-    storage: Storage, client_id: str, site_id: str, visitor_id: str, *, now_ms: int
-) -> RecordedConsent | None:
-    with mapped_lmdb_errors(), storage.read() as txn:
-        raw = txn.get(consent_key(client_id, site_id, visitor_id), db=storage.dbs.consent)
-    return decode(raw, now_ms=now_ms) if raw is not None else None

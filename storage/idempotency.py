@@ -12,7 +12,6 @@ from typing import Any
 import msgspec
 
 from storage.bounded_keys import bounded_key
-from storage.errors import UNREADABLE_RECORD, mapped_lmdb_errors
 
 
 class IdempotencyRecord(msgspec.Struct, array_like=True, frozen=True):
@@ -54,32 +53,3 @@ def decode(raw: bytes | memoryview) -> IdempotencyRecord:
 
 def live(record: IdempotencyRecord, now_ms: int, window_ms: int) -> bool:
     return now_ms - record.stored_ms < window_ms
-
-
-def stored_receipts(
-    storage: Any, client_id: str, events: Iterable[tuple[str, bytes, bytes | None]], *, now_ms: int, window_ms: int
-) -> list[str | None]:
-    """For each (eid, content hash, previous hash): the receipt of its live record holding that content, else None.
-
-    A read, nothing written: for events a request does not store (an identify
-    dropped by a later consent denial), whose exact replay is still a duplicate.
-    A record that does not decode counts as none.
-    """
-    wanted = list(events)
-    if not wanted:
-        return []
-    keys = ledger_keys(client_id, [eid for eid, _, _ in wanted])
-    with mapped_lmdb_errors(), storage.read() as txn:
-        stored = dict(txn.cursor(db=storage.dbs.idempotency).getmulti(keys))
-    found: list[str | None] = []
-    for key, (_, content_hash, legacy_hash) in zip(keys, wanted, strict=True):
-        raw = stored.get(key)
-        try:
-            record = decode(raw) if raw is not None else None
-        except UNREADABLE_RECORD:
-            record = None
-        matches = record is not None and live(record, now_ms, window_ms) and (
-            record.content_hash in (content_hash, legacy_hash)
-        )
-        found.append(record.receipt_id if matches and record is not None else None)
-    return found

@@ -26,7 +26,7 @@ from collector.http.headers import (
     refusal_headers,
     usage_headers,
 )
-from collector.http.off_loop import on_loop, run_pure
+from collector.http.off_loop import run_pure
 from collector.http.write_route import (
     Handler,
     Seen,
@@ -36,7 +36,6 @@ from collector.http.write_route import (
 )
 from collector.ingest import decompress_body, prepare_batch, refuse_payment_data
 from collector.ingest.bots import request_evidence
-from collector.ingest.consent import IdentityConsent
 from collector.ingest.model import (
     AcceptedEvent,
     DroppedEvent,
@@ -65,9 +64,9 @@ from storage.admission import (
     Conflict,
     MeteringUnavailable,
 )
-from storage.consent import RecordedConsent, consent_key, read_consent
+from storage.consent import RecordedConsent, consent_key
 from storage.errors import StorageError
-from storage.idempotency import public_ledger_key, stored_receipts
+from storage.idempotency import public_ledger_key
 from storage.outbox import event_time
 from storage.writer import JobRefused
 
@@ -164,23 +163,6 @@ async def _ingest(
                 body, now_ms=now_ms, site_id=site.siteId, idempotency_key=idempotency_key
             )
     assert site is not None  # bound by the gate, or from the edge page above
-    storage = services.storage
-    client_id, site_id = record.clientId, site.siteId
-
-    # A batch repeats its visitor, and the recorded consent cannot change
-    # before this request's own admission: one LMDB read per visitor.
-    identities: dict[str, IdentityConsent | None] = {}
-
-    def read_identity(visitor_id: str) -> IdentityConsent | None:
-        recorded = read_consent(storage, client_id, site_id, visitor_id, now_ms=now_ms)
-        return IdentityConsent(recorded.identity_time(), recorded.identity_resolution) if recorded else None
-
-    def recorded_identity(visitor_id: str) -> IdentityConsent | None:
-        if visitor_id not in identities:
-            # (on the event loop even for a body prepared in a thread: see on_loop)
-            identities[visitor_id] = on_loop(read_identity, visitor_id)
-        return identities[visitor_id]
-
     context = IngestContext(
         client_id=record.clientId,
         site_id=site.siteId,
@@ -192,7 +174,6 @@ async def _ingest(
         legacy_identity=legacy_identity,
         strict_consent=site.strictConsent,
         sealer=services.sealer,
-        recorded_identity=recorded_identity,
         bots=services.bots,
         bot_evidence=request_evidence(
             hdr, services.proxies.client_address(request.client_ip, hdr.get("x-forwarded-for")), services.bots
@@ -210,19 +191,10 @@ async def _ingest(
         result = AdmissionResult([], [], None)
         usage = _current_usage(services, policy, period)
     headers.extend(usage_headers(policy, usage))
-    replayed = _replayed_drops(services, record.clientId, prepared, now_ms)
-    if replayed:
-        prepared = msgspec.structs.replace(prepared, dropped=[ev for ev in prepared.dropped if ev not in replayed])
-    duplicates = sum(result.duplicate) + len(replayed)
-    accepted = len(prepared.accepted) + len(replayed) - duplicates
+    duplicates = sum(result.duplicate)
+    accepted = len(prepared.accepted) - duplicates
     receipts = result.receipt_ids
     ledger_keys = [public_ledger_key(record.clientId, ev.eid) for ev in prepared.accepted]
-    if replayed:  # one receipt and ledger key per stored event, in request order (README)
-        ordered = sorted(
-            [(ev.index, receipt, key) for ev, receipt, key in zip(prepared.accepted, receipts, ledger_keys, strict=True)]
-            + [(ev.index, receipt, public_ledger_key(record.clientId, ev.eid or "")) for ev, receipt in replayed.items()]
-        )
-        receipts, ledger_keys = [receipt for _, receipt, _ in ordered], [key for _, _, key in ordered]
     metrics = services.metrics
     metrics.count_events("accepted", accepted)
     metrics.count_events("duplicate", duplicates)
@@ -248,26 +220,6 @@ async def _ingest(
         "timestamp": now_ms,
     }
     return 202, _encoder.encode(body_out)
-
-
-def _replayed_drops(
-    services: Services, client_id: str, prepared: PreparedBatch, now_ms: int
-) -> dict[DroppedEvent, str]:
-    """Dropped events that are the exact replay of one stored before, with its receipt.
-
-    An identify stored, then a consent denial, then the identify's retry (its
-    first 202 lost): the retry is dropped by the denial, yet spec 4.1 rule 4
-    makes an exact replay a duplicate. A read of the ledger, nothing written.
-    """
-    candidates = [ev for ev in prepared.dropped if ev.eid and ev.content_hash is not None]
-    if not candidates:
-        return {}
-    receipts = stored_receipts(
-        services.storage, client_id,
-        [(ev.eid, ev.content_hash, ev.legacy_hash) for ev in candidates],  # type: ignore[misc]
-        now_ms=now_ms, window_ms=services.settings.idempotency_window_ms,
-    )
-    return {ev: receipt for ev, receipt in zip(candidates, receipts, strict=True) if receipt is not None}
 
 
 async def _admit(
@@ -337,10 +289,10 @@ async def _admit(
 
 def _candidates(client_id: str, site_id: str, accepted: list[AcceptedEvent]) -> list[Candidate]:
     candidates = [_candidate(client_id, site_id, ev) for ev in accepted]
-    # An identify is checked again against its visitor's consent record inside
-    # the write transaction (a denial may have committed since the request read
-    # it), weighed by time against this request's own earlier choice for that
-    # visitor, as the pipeline weighed the record it read.
+    # An identify is checked against its visitor's consent record inside the
+    # write transaction, so a denial committed by any request before it counts
+    # (one earlier in the same group commit too), weighed by time against this
+    # request's own latest identity choice for that visitor before the event.
     stated: dict[str, tuple[int, bool]] = {}
     for position, ev in enumerate(accepted):
         state = ev.consent_state
@@ -357,11 +309,11 @@ def _candidates(client_id: str, site_id: str, accepted: list[AcceptedEvent]) -> 
 
 
 def _without_denied(prepared: PreparedBatch, result: AdmissionResult) -> tuple[PreparedBatch, AdmissionResult]:
-    """Identifies admission dropped for a denial committed after the request read the record."""
+    """The identifies admission dropped because the visitor's consent denies identity resolution."""
     denied = set(result.denied)
     kept = [position for position in range(len(prepared.accepted)) if position not in denied]
     dropped = [
-        DroppedEvent(ev.index, ev.eid, "identity_consent_denied", ev.content_hash, ev.legacy_hash)
+        DroppedEvent(ev.index, ev.eid, "identity_consent_denied")
         for position, ev in enumerate(prepared.accepted) if position in denied
     ]
     prepared = msgspec.structs.replace(

@@ -25,20 +25,6 @@ _LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("off
 T = TypeVar("T")
 
 
-def on_loop(read: Callable[..., T], *args: object) -> T:
-    """`read(*args)` on the event loop's thread, called from it or from run_pure's thread.
-
-    For LMDB reads: the map is resized on the loop's thread only, while no read
-    transaction of the process is open elsewhere (LMDB's rule); a read in a
-    worker thread could overlap a resize and fail, or read unmapped memory.
-    """
-    try:
-        trio.lowlevel.current_task()
-    except RuntimeError:  # a worker thread of run_pure
-        return trio.from_thread.run_sync(read, *args)
-    return read(*args)
-
-
 async def run_pure(size: int, work: Callable[..., T], *args: object) -> T:
     """`work(*args)`, in a worker thread when the body is `size` >= OFF_LOOP_BYTES bytes."""
     if size < OFF_LOOP_BYTES:

@@ -5,10 +5,11 @@
   side effect. `_consent_transition` events are the consent record itself and
   are kept (they carry no page content and count toward no allowance).
 - An identify event is dropped when identity-resolution consent is denied,
-  either by the event's own `consent.identityResolution: false` or by the
-  visitor's latest consent: the recorded one (POST /v1/consent or an earlier
-  request's `_consent_transition`) together with the transitions earlier in
-  the same request. No identity value is stored. Either denial wins.
+  either by the event's own `consent.identityResolution: false` (here) or by
+  the visitor's latest consent: the recorded one (POST /v1/consent or an
+  earlier request's `_consent_transition`) weighed against the transitions
+  earlier in the same request (at admission, storage.admission). No identity
+  value is stored. Either denial wins.
 - "Latest", field by field: each of `identityResolution` and
   `thirdPartySharing` comes from the newest decision that states it, so a
   decision that leaves one out (`{"analytics": false}`) does not erase an
@@ -22,38 +23,16 @@
   grant. A request's transitions are in the order the visitor made them: its
   latest identity choice replaces the earlier ones for the rest of the
   request, and earlier ones are stored dated no later than the last.
-Pure functions; the recorded state is looked up by the caller.
+Pure functions; the recorded state is read at admission.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import msgspec
 
 from collector.ingest.schema import AnyEvent, ConsentTransition, Identify
 
 SKEW_MS = 5 * 60 * 1000  # spec 2.2: a client timestamp further off than this is overridden
-
-
-class IdentityConsent(msgspec.Struct, frozen=True, array_like=True):
-    """A visitor's identity-resolution choice and when it was stated (None: never stated)."""
-
-    at_ms: int
-    identity_resolution: bool | None
-
-
-def later_identity(first: IdentityConsent | None, second: IdentityConsent) -> IdentityConsent:
-    """The choice stated most recently of the two; `second` arrived later and wins a tie in time.
-
-    The same rule as the stored record's (storage.consent.merged), so combining
-    a request's decisions first and the record after gives what admission stores.
-    """
-    if second.identity_resolution is None:
-        return first if first is not None else second
-    if first is None or first.identity_resolution is None or second.at_ms >= first.at_ms:
-        return second
-    return first
 
 
 class ConsentState(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -78,26 +57,14 @@ def consent_drop_reason(event: AnyEvent, strict: bool) -> str | None:
     return None
 
 
-RecordedIdentity = Callable[[str], IdentityConsent | None]
+def identity_declined(event: Identify) -> bool:
+    """Whether the identify's own consent denies identity resolution.
 
-
-def identity_denied(
-    event: AnyEvent, recorded: RecordedIdentity | None, in_request: dict[str, IdentityConsent] | None = None
-) -> bool:
-    """True for an identify event that must not be stored (identity consent denied).
-
-    `recorded`: the visitor's stored decision; `in_request`: the combined
-    decisions of the request's transitions before this event, by visitor.
+    The visitor's recorded consent, and the request's own transitions before
+    the event, are weighed at admission (storage.admission), inside the write
+    transaction that reads the record.
     """
-    if not isinstance(event, Identify):
-        return False
-    if event.consent is not None and event.consent.identityResolution is False:
-        return True
-    latest = recorded(event.visitorId) if recorded is not None else None
-    pending = in_request.get(event.visitorId) if in_request else None
-    if pending is not None:
-        latest = later_identity(latest, pending)
-    return latest is not None and latest.identity_resolution is False
+    return event.consent is not None and event.consent.identityResolution is False
 
 
 def decision_time(event: ConsentTransition, now_ms: int) -> int:

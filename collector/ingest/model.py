@@ -8,14 +8,13 @@ writer admits the accepted candidates in one transaction.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
 
 if TYPE_CHECKING:
     from collector.ingest.bots import BotClassifier, RequestEvidence
-    from collector.ingest.consent import ConsentState, IdentityConsent
+    from collector.ingest.consent import ConsentState
     from collector.ingest.sealing import FieldSealer
 
 
@@ -45,8 +44,6 @@ class IngestContext(msgspec.Struct, frozen=True, kw_only=True):
     edge: bool = False  # body is a POST /v1/edge/pageview body, not an events body
     strict_consent: bool = False  # the bound property drops events without analytics consent
     sealer: FieldSealer | None = None  # seals form values and raw identity fields
-    # visitorId -> the visitor's recorded identity-resolution decision, None when there is none
-    recorded_identity: Callable[[str], IdentityConsent | None] | None = None
     bots: BotClassifier | None = None  # None: every event is classified human
     bot_evidence: RequestEvidence | None = None  # computed once per request
 
@@ -91,10 +88,6 @@ class DroppedEvent(msgspec.Struct, frozen=True):
     index: int
     eid: str | None
     reason: str  # for example "consent_missing", "checkout_form"
-    # An identify dropped for denied identity consent: its content hashes (as
-    # AcceptedEvent's), so the retry of one stored before the denial is a duplicate.
-    content_hash: bytes | None = None
-    legacy_hash: bytes | None = None
 
 
 class PreparedBatch(msgspec.Struct, frozen=True):

@@ -17,13 +17,7 @@ import msgspec
 import xxhash
 
 from collector.errors import ServiceError
-from collector.ingest.consent import (
-    SKEW_MS,
-    IdentityConsent,
-    consent_drop_reason,
-    identity_denied,
-    state_of,
-)
+from collector.ingest.consent import SKEW_MS, consent_drop_reason, identity_declined, state_of
 from collector.ingest.keyprobe import keys_known, opaque_values
 from collector.ingest.model import (
     AcceptedEvent,
@@ -353,7 +347,6 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
     dropped: list[DroppedEvent] = []
     missing_ids: list[int] = []
     verdicts: dict[object, BotInfo] = {}
-    decided: dict[str, IdentityConsent] = {}  # this request's latest identity choice so far, by visitor
     identity_choices: dict[str, dict[str, int]] = {}  # visitor -> eid -> its position in `accepted`
     strict_consent = ctx.strict_consent
     for index, event in enumerate(events):
@@ -371,11 +364,13 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
             missing_ids.append(index)
             continue
         # Consent and the privacy floor decide before anything is hashed,
-        # counted or stored (spec 4.1 rule 9, 2.3 form).
+        # counted or stored (spec 4.1 rule 9, 2.3 form). An identify the
+        # visitor's consent denies is dropped at admission instead, inside the
+        # write transaction that reads the consent record (storage.admission).
         # (Each rule is called only for the events it can concern: a batch
         # pays for every call 25 times.)
         drop = consent_drop_reason(event, True) if strict_consent else None
-        if drop is None and isinstance(event, Identify) and identity_denied(event, ctx.recorded_identity, decided):
+        if drop is None and isinstance(event, Identify) and identity_declined(event):
             drop = "identity_consent_denied"
         withheld = None
         to_store = event
@@ -383,14 +378,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
             floor = apply_form_floor(event)
             drop, to_store, withheld = floor.drop_reason, floor.form, floor.withheld
         if drop is not None:
-            if drop == "identity_consent_denied":
-                # It may be the retry of an identify stored before the denial: an
-                # exact replay is a duplicate (spec 4.1 rule 4), which the caller
-                # tells by its ledger record.
-                _, content_hash, legacy_hash = _content_hashes(event, ctx)
-                dropped.append(DroppedEvent(index, eid, drop, content_hash, legacy_hash))
-            else:
-                dropped.append(DroppedEvent(index, eid, drop))
+            dropped.append(DroppedEvent(index, eid, drop))
             continue
         client_json, content_hash, legacy_hash = _content_hashes(event, ctx)
         if isinstance(to_store, Form | Identify):
@@ -424,9 +412,6 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
             visitor = event.visitorId
             consent_state = state_of(event, eid, ctx.now_ms)
             if consent_state is not None and consent_state.identityResolution is not None:
-                # A request's transitions are in the order the visitor made them:
-                # its latest identity choice so far replaces the earlier ones.
-                decided[visitor] = IdentityConsent(consent_state.identity_at_ms, consent_state.identityResolution)
                 stated = identity_choices.setdefault(visitor, {})
                 stated.setdefault(eid, len(accepted))  # (an in-batch repeat is the same decision)
         accepted.append(

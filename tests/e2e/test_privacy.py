@@ -125,9 +125,7 @@ async def test_consent_route_records_and_denies_identity(nursery: trio.Nursery, 
     body = (await server.client.post("/v1/events", json=batch, headers=ACME)).json()
     assert (body["accepted"], body["dropped"]) == (1, 2)
     assert [e["index"] for e in body["errors"]] == [0, 2]
-    # The same for a body large enough to be prepared in a worker thread: the
-    # recorded consent is read on the event loop all the same (review helper-43:
-    # an LMDB read there could overlap a map resize).
+    # The same for a body large enough to be prepared in a worker thread.
     padded = {"events": [identify(f"big-{n}", visitorId="v1" if n % 2 else "v2", padding="p" * 12_000)
                          for n in range(25)]}
     body = (await server.client.post("/v1/events", json=padded, headers=ACME)).json()

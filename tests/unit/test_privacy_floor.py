@@ -9,14 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from collector.ingest.consent import (
-    IdentityConsent,
-    consent_drop_reason,
-    decision_time,
-    identity_denied,
-    later_identity,
-    state_of,
-)
+from collector.ingest.consent import consent_drop_reason, decision_time, identity_declined, state_of
 from collector.ingest.privacy import (
     apply_form_floor,
     classify_field_name,
@@ -24,9 +17,10 @@ from collector.ingest.privacy import (
     classify_value,
     names_checkout,
 )
-from collector.ingest.schema import AnyEvent, Form
+from collector.ingest.schema import AnyEvent, Form, Identify
 from collector.ingest.sealing import FieldSealer, SealError, field_aad, seal_sensitive
 from storage import consent as consent_store
+from storage.admission import _identity_denied as admission_denies_identity
 from storage.consent import RecordedConsent
 
 _decoder = msgspec.json.Decoder(AnyEvent)  # type: ignore[arg-type]
@@ -126,61 +120,50 @@ def test_consent_rules() -> None:
     transition = decode(type="_consent_transition", consent={"analytics": False}, page=None)
     assert consent_drop_reason(transition, strict=True) is None
     ident = decode(type="identify", hem="a" * 64)
-    denied = IdentityConsent(100, False)
-    assert not identity_denied(ident, None)
-    assert identity_denied(ident, lambda visitor: denied if visitor == "v" else None)
-    assert identity_denied(decode(type="identify", hem="a" * 64,
-                                  consent={"analytics": True, "identityResolution": False}), None)
-    assert not identity_denied(decode(), lambda visitor: denied)  # only identify events carry identity
-    # The request's own earlier transitions count, newest decision first
-    assert identity_denied(ident, None, {"v": denied})
-    assert not identity_denied(ident, lambda v: denied, {"v": IdentityConsent(200, True)})
-    assert identity_denied(ident, lambda v: denied, {"v": IdentityConsent(50, True)})  # a late, older grant
-    assert identity_denied(ident, lambda v: denied, {"v": IdentityConsent(200, None)})  # omitted is no grant
+    assert isinstance(ident, Identify)
+    assert not identity_declined(ident)
+    declined = decode(type="identify", hem="a" * 64, consent={"analytics": True, "identityResolution": False})
+    assert isinstance(declined, Identify) and identity_declined(declined)
+    granted = decode(type="identify", hem="a" * 64, consent={"analytics": True, "identityResolution": True})
+    assert isinstance(granted, Identify) and not identity_declined(granted)
 
 
-def test_later_identity_takes_each_choice_from_the_newest_decision_that_states_it() -> None:
-    assert later_identity(None, IdentityConsent(5, None)) == IdentityConsent(5, None)
-    assert later_identity(IdentityConsent(5, False), IdentityConsent(9, True)) == IdentityConsent(9, True)
-    assert later_identity(IdentityConsent(9, False), IdentityConsent(5, True)) == IdentityConsent(9, False)
-    assert later_identity(IdentityConsent(5, False), IdentityConsent(9, None)) == IdentityConsent(5, False)
-    assert later_identity(IdentityConsent(5, True), IdentityConsent(5, False)) == IdentityConsent(5, False)
+def test_admission_weighs_the_record_against_the_request_choice() -> None:
+    def stored(at: int, identity: bool | None) -> bytes:
+        return consent_store.encode(RecordedConsent(at, True, identity, None, "e"))
+
+    assert not admission_denies_identity(None, None, 0)  # no record, no choice
+    assert admission_denies_identity(None, (5, False), 0)  # the request's own earlier denial
+    assert not admission_denies_identity(None, (5, True), 0)
+    assert admission_denies_identity(stored(100, False), None, 0)
+    assert not admission_denies_identity(stored(100, True), None, 0)
+    assert not admission_denies_identity(stored(100, None), None, 0)  # analytics only: identity never stated
+    assert not admission_denies_identity(stored(100, False), (200, True), 0)  # a newer grant in the request
+    assert not admission_denies_identity(stored(100, False), (100, True), 0)  # a tie goes to the later arrival
+    assert admission_denies_identity(stored(100, False), (50, True), 0)  # a late, older grant
+    assert admission_denies_identity(stored(100, None), (50, False), 0)
 
 
 @given(
     decisions=st.lists(st.tuples(st.integers(0, 20), st.sampled_from([True, False, None])), min_size=1, max_size=8),
-    recorded=st.integers(0, 8),
+    choice=st.one_of(st.none(), st.tuples(st.integers(0, 20), st.booleans())),
 )
-def test_the_request_view_agrees_with_what_admission_records(
-    decisions: list[tuple[int, bool | None]], recorded: int
+def test_admission_agrees_with_the_record_the_choice_would_leave(
+    decisions: list[tuple[int, bool | None]], choice: tuple[int, bool] | None
 ) -> None:
-    # The first `recorded` decisions are stored one by one (storage.consent.merged); the rest
-    # arrive in one request, whose view combines them first and the stored record after.
-    def record(at: int, identity: bool | None, n: int) -> RecordedConsent:
-        return RecordedConsent(at, True, identity, None, f"e{n}")
-
+    # Decisions stored one by one (storage.consent.merged), then the request's own
+    # latest identity choice: admission's verdict is the denial the record would
+    # hold once that choice is applied after them.
     stored: RecordedConsent | None = None
     for n, (at, identity) in enumerate(decisions):
         raw = consent_store.encode(stored) if stored is not None else None
-        stored = consent_store.merged(record(at, identity, n), raw, now_ms=0) or stored
-        if n + 1 == recorded:
-            break
-    split = min(recorded, len(decisions))
-    before = None
-    if split:
-        before = stored
-        assert before is not None
-    view = IdentityConsent(before.identity_time(), before.identity_resolution) if before else None
-    pending: IdentityConsent | None = None
-    for at, identity in decisions[split:]:
-        pending = later_identity(pending, IdentityConsent(at, identity))
-    combined = later_identity(view, pending) if pending is not None else view
-    final: RecordedConsent | None = None
-    for n, (at, identity) in enumerate(decisions):
-        raw = consent_store.encode(final) if final is not None else None
-        final = consent_store.merged(record(at, identity, n), raw, now_ms=0) or final
-    assert final is not None
-    assert (combined.identity_resolution if combined else None) == final.identity_resolution
+        stored = consent_store.merged(RecordedConsent(at, True, identity, None, f"e{n}"), raw, now_ms=0) or stored
+    assert stored is not None
+    raw = consent_store.encode(stored)
+    final = stored
+    if choice is not None:
+        final = consent_store.merged(RecordedConsent(choice[0], True, choice[1], None, "c"), raw, now_ms=0) or stored
+    assert admission_denies_identity(raw, choice, 0) == (final.identity_resolution is False)
 
 
 def test_a_fast_or_absurd_client_clock_is_the_time_of_receipt() -> None:
