@@ -162,11 +162,19 @@ class Admission:
         # One C call for every lookup: py-lmdb releases the GIL per call, and
         # each reacquisition waits on the busy event loop.
         known = dict(txn.cursor(db=dbs.idempotency).getmulti(keys))
+
+        def identity_denied(cand: Candidate) -> bool:
+            assert cand.identity_consent_key is not None
+            return _identity_denied(txn.get(cand.identity_consent_key, db=dbs.consent), cand.identity_stated, now_ms)
+
         for index, cand in enumerate(candidates):
             key = keys[index]
             earlier = first_in_batch.get(key)
             if earlier is not None:
                 if candidates[earlier].content_hash != cand.content_hash:
+                    if cand.identity_consent_key is not None and identity_denied(cand):
+                        denied[index] = None  # dropped, as a changed identify under a denial always is
+                        continue
                     raise JobRefused(Conflict(cand.eid, index))
                 duplicate[index] = True
                 continue
@@ -183,9 +191,7 @@ class Admission:
                 receipts[index] = record.receipt_id
                 duplicate[index] = True
                 continue
-            if cand.identity_consent_key is not None and _identity_denied(
-                txn.get(cand.identity_consent_key, db=dbs.consent), cand.identity_stated, now_ms
-            ):
+            if cand.identity_consent_key is not None and identity_denied(cand):
                 # Dropped, new or changed; its id stays free, as for any dropped
                 # event (an in-batch repeat is judged again, after the choices
                 # between them).

@@ -168,6 +168,31 @@ async def test_the_retry_of_an_identify_stored_before_a_denial_is_a_duplicate(
     assert (body["duplicates"], body["dropped"]) == (0, 1), body
 
 
+async def test_an_identify_dropped_for_consent_leaves_its_id_to_the_batch(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # The id of an identify that consent drops is not taken: an event of the batch
+    # under the same id is no conflict, and a repeat after the visitor's own grant
+    # in the same request is judged again.
+    server = await started(nursery, tmp_path)
+    denial = {"visitorId": "vd", "timestamp": STAMP, "consent": {"analytics": True, "identityResolution": False}}
+    assert (await server.client.post("/v1/consent", json=denial, headers=ACME)).status_code == 202
+    batch = {"events": [pageview("shared-id", visitorId="vd"), identify("shared-id", visitorId="vd"),
+                        identify("again", visitorId="vd"), _transition("grant", "vd", STAMP + 1, True),
+                        identify("again", visitorId="vd")]}
+    response = await server.client.post("/v1/events", json=batch, headers=ACME)
+    assert response.status_code == 202, response.text
+    body = response.json()
+    assert (body["accepted"], body["dropped"], body["duplicates"]) == (3, 2, 0), body
+    assert [(e["index"], e["reason"]) for e in body["errors"]] == [
+        (1, "identity_consent_denied"), (2, "identity_consent_denied")
+    ]
+    assert body["ledgerKeys"] == ["acme/shared-id", "acme/grant", "acme/again"]
+    stored = await stored_events(server)
+    assert stored["shared-id"]["event"]["type"] == "pageview"  # type: ignore[index]
+    assert "again" in stored
+
+
 async def test_consent_decisions_in_order_in_time_and_in_part(nursery: trio.Nursery, tmp_path: Path) -> None:
     server = await started(nursery, tmp_path)
     now = STAMP
