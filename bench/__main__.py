@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
+import subprocess
+import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from bench.scenarios import SCENARIOS, Result, run_scenario
-from bench.server import ensure_wrk
+from bench.server import Collector, ensure_wrk
 
 RESULTS = Path(__file__).parent / "results"
 ALL = (*SCENARIOS, "half-rate", "soak")
@@ -28,11 +33,14 @@ def table(results: list[Result], *, ratio_to: str = "baseline") -> str:
     `+us/ev`: the CPU a request spends above the baseline's, per request and
     per event carried (when every request was answered 2xx): what the pipeline
     costs beyond the HTTP stack, the figure a noisy host moves least.
+    `errors`: wrk's socket errors and timeouts (a timed-out request is
+    missing from the latencies). A WARNING line follows the table for every
+    row whose figures cannot be trusted as they stand.
     """
     reference = next((r for r in results if r.scenario == ratio_to), None)
     head = (f"{'scenario':<14}{'wk':>3}{'conn':>5}{'req/s':>9}{'events/s':>10}{'p50 ms':>8}{'p99 ms':>8}"
-            f"{'p99.9':>8}{'cpu ms/req':>11}{'cpu s/1k ev':>12}{'rss MB':>8}{'group':>7}{'non2xx':>8}{'x base':>8}"
-            f"{'+us/req':>9}{'+us/ev':>8}")
+            f"{'p99.9':>8}{'cpu ms/req':>11}{'cpu s/1k ev':>12}{'rss MB':>8}{'group':>7}{'non2xx':>8}{'errors':>7}"
+            f"{'x base':>8}{'+us/req':>9}{'+us/ev':>8}")
     lines = [head, "-" * len(head)]
     for r in results:
         ratio = f"{r.requests_per_s / reference.requests_per_s:.2f}" if reference else "-"
@@ -40,10 +48,15 @@ def table(results: list[Result], *, ratio_to: str = "baseline") -> str:
         lines.append(
             f"{r.scenario:<14}{r.workers:>3}{r.connections:>5}{r.requests_per_s:>9.0f}{r.events_per_s:>10.0f}"
             f"{r.p50_ms:>8.1f}{r.p99_ms:>8.1f}{r.p999_ms:>8.1f}{r.cpu_ms_per_request:>11.3f}"
-            f"{r.cpu_s_per_1000_events:>12.4f}{r.peak_rss_mb:>8.0f}{r.group_commit_size:>7.1f}"
-            f"{r.non2xx:>8}{ratio:>8}{per_request:>9}{per_event:>8}"
+            f"{_figure(r.cpu_s_per_1000_events, '.4f'):>12}{r.peak_rss_mb:>8.0f}{_figure(r.group_commit_size, '.1f'):>7}"
+            f"{r.non2xx:>8}{r.socket_errors:>7}{ratio:>8}{per_request:>9}{per_event:>8}"
         )
+    lines += [f"WARNING {r.scenario}: {problem}" for r in results for problem in r.problems]
     return "\n".join(lines)
+
+
+def _figure(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def _over_baseline(result: Result, reference: Result | None) -> tuple[str, str]:
@@ -74,6 +87,23 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+class Interrupted(BaseException):
+    """SIGTERM or SIGHUP: stop like Ctrl-C, so every server, wrk and temp directory goes."""
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def _commit() -> str:
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -86,7 +116,8 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true",
                         help="also sweep single and batch25 over --sweep-connections and chart it")
     parser.add_argument("--sweep-connections", type=_ints, default=[1, 4, 16, 64, 128])
-    parser.add_argument("--check", action="store_true", help="2-second smoke of baseline and batch25")
+    parser.add_argument("--check", action="store_true",
+                        help="2-second smoke of baseline and batch25; exits 1 when any answer was not 2xx")
     args = parser.parse_args()
     names = ["baseline", "batch25"] if args.check else [n for n in args.scenarios.split(",") if n]
     duration, warmup = (2.0, 0.0) if args.check else (args.duration, args.warmup)
@@ -95,79 +126,136 @@ def main() -> None:
         parser.error(f"unknown scenarios: {', '.join(sorted(unknown))}; known: {', '.join(ALL)}")
     if args.workers < 1:
         parser.error("--workers must be at least 1")
+    if args.connections < 1:
+        parser.error("--connections must be at least 1")
+    if duration < 1 or args.soak_duration < 1 or warmup < 0:
+        parser.error("--duration and --soak-duration must be at least 1 s, --warmup at least 0")
     wrk = ensure_wrk()
     if args.sweep:
         from bench.chart import ensure_matplotlib
 
         ensure_matplotlib()  # before any load: a missing chart must not waste a run
+    ignored = Collector.ignored_settings()
+    if ignored:
+        print(f"note: the servers run on their defaults; not passed on: {', '.join(ignored)}", flush=True)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _interrupt)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     report: dict[str, object] = {"duration": duration, "warmup": warmup, "workers": args.workers,
-                                 "connections": args.connections}
+                                 "connections": args.connections, "commit": _commit(),
+                                 "python": sys.version.split()[0], "ignored_settings": ignored}
     results: list[Result] = []
-    for name in [n for n in names if n not in PACED]:
-        print(f"running {name} ({duration:.0f} s after {warmup:.0f} s warm-up) ...", flush=True)
-        results.append(run_scenario(name, wrk, seconds=duration, warmup=warmup,
-                                    connections=args.connections, workers=args.workers))
-    batch = next((r for r in results if r.scenario == "batch25"), None)
-    if batch is None and any(name in PACED for name in names):
-        print("calibrating: batch25 for 5 s to find the maximum rate ...", flush=True)
-        batch = run_scenario("batch25", wrk, seconds=5, warmup=1, connections=args.connections,
-                             workers=args.workers)
-        report["soak_calibration"] = batch.as_dict()
-    if "half-rate" in names:
-        from bench.soak import run_soak
-
-        assert batch is not None
-        print(f"running half-rate ({duration:.0f} s at 50% of {batch.requests_per_s:.0f} req/s) ...", flush=True)
-        half, paced = run_soak(wrk, max_rps=batch.requests_per_s, seconds=duration, workers=args.workers,
-                               connections=args.connections, load_factor=0.5, scenario="half-rate")
-        results.append(half)
-        report["half_rate"] = {"target_rps": paced.target_rps, "achieved_rps": paced.achieved_rps,
-                               "p99_ms": half.p99_ms, "ok": half.p99_ms < 30.0}
-    if "soak" in names:
-        from bench.soak import run_soak
-
-        assert batch is not None
-        print(f"running soak ({args.soak_duration:.0f} s at 70% of {batch.requests_per_s:.0f} req/s) ...",
-              flush=True)
-        soak_result, soak = run_soak(wrk, max_rps=batch.requests_per_s, seconds=args.soak_duration,
-                                     workers=args.workers, connections=args.connections)
-        results.append(soak_result)
-        report["soak"] = {**soak.__dict__, "ok": soak.ok, "heap_ok": soak.heap_ok}
+    failed: dict[str, str] = {}
+    report["failed"] = failed
+    interrupted = ""
+    try:
+        _run(args, names, wrk, duration, warmup, report, results, failed)
+    except (KeyboardInterrupt, Interrupted) as stop:
+        interrupted = str(stop) or "SIGINT"
+        report["interrupted"] = interrupted
+        print(f"\ninterrupted ({interrupted}): the scenarios that finished follow", file=sys.stderr, flush=True)
     report["results"] = [r.as_dict() for r in results]
-    print(table(results))
-    if "half_rate" in report:
-        half_dict = report["half_rate"]
-        assert isinstance(half_dict, dict)
-        print(f"half-rate: batch25 at {half_dict['achieved_rps']} req/s (target {half_dict['target_rps']}),"
-              f" p99 {half_dict['p99_ms']} ms (target < 30 ms)")
-    if "soak" in report:
-        soak_dict = report["soak"]
-        assert isinstance(soak_dict, dict)
-        print(f"soak: target {soak_dict['target_rps']} req/s, achieved {soak_dict['achieved_rps']} req/s;"
-              f" RSS {soak_dict['rss_start_mb']} -> {soak_dict['rss_end_mb']} MB"
-              f" ({soak_dict['rss_growth_pct']:+.2f}% after {soak_dict['warmup_s']} s warm-up, target < 10%;"
-              f" anonymous/heap part {soak_dict['rss_anon_start_mb']} -> {soak_dict['rss_anon_end_mb']} MB,"
-              f" {soak_dict['rss_anon_growth_pct']:+.2f}%);"
-              f" fds {soak_dict['fds_start']} -> {soak_dict['fds_end']} ({soak_dict['fd_growth']:+d}, target 0)")
+    if results:
+        print(table(results))
+    _print_paced(report)
     RESULTS.mkdir(exist_ok=True)
-    if args.sweep:
+    if args.sweep and "sweep" in report and not interrupted:
         from bench.chart import write_chart
 
-        sweep: list[Result] = []
-        for name in SWEEP_SCENARIOS:
-            for conns in args.sweep_connections:
-                print(f"sweep {name} at {conns} connections ({duration:.0f} s) ...", flush=True)
-                sweep.append(run_scenario(name, wrk, seconds=duration, warmup=warmup,
-                                          connections=conns, workers=args.workers))
-        report["sweep"] = [r.as_dict() for r in sweep]
-        print(sweep_table(sweep))
         chart = write_chart(report["sweep"], RESULTS / f"{stamp}.png",  # type: ignore[arg-type]
                             title=f"collector sweep {stamp}, {args.workers} worker(s), {duration:.0f} s per point")
         print(f"wrote {chart}")
     out = RESULTS / f"{stamp}.json"
     out.write_text(json.dumps(report, indent=2))
     print(f"wrote {out}")
+    for name, error in failed.items():
+        print(f"FAILED {name}: {error}", file=sys.stderr)
+    if interrupted:
+        sys.exit(130)
+    if failed or (args.check and any(r.problems for r in results)):
+        sys.exit(1)
+
+
+def _run(args: argparse.Namespace, names: list[str], wrk: str, duration: float, warmup: float,
+         report: dict[str, object], results: list[Result], failed: dict[str, str]) -> None:
+    """Every scenario in turn; one that fails is reported and the run goes on."""
+
+    def attempt(name: str, run: Callable[[], Result]) -> Result | None:
+        try:
+            return run()
+        except Exception as exc:  # noqa: BLE001 (a failed scenario must not lose the others)
+            failed[name] = f"{type(exc).__name__}: {exc}"
+            print(f"  {name} failed: {failed[name]}", file=sys.stderr, flush=True)
+            return None
+
+    for name in [n for n in names if n not in PACED]:
+        print(f"running {name} ({duration:.0f} s after {warmup:.0f} s warm-up) ...", flush=True)
+        result = attempt(name, partial(run_scenario, name, wrk, seconds=duration, warmup=warmup,
+                                       connections=args.connections, workers=args.workers))
+        if result is not None:
+            results.append(result)
+    batch = next((r for r in results if r.scenario == "batch25"), None)
+    if batch is None and any(name in PACED for name in names):
+        print("calibrating: batch25 for 5 s to find the maximum rate ...", flush=True)
+        batch = attempt("calibration", partial(run_scenario, "batch25", wrk, seconds=5, warmup=1,
+                                               connections=args.connections, workers=args.workers))
+        if batch is not None:
+            report["soak_calibration"] = batch.as_dict()
+    if batch is not None and "half-rate" in names:
+        from bench.soak import run_soak
+
+        print(f"running half-rate ({duration:.0f} s at 50% of {batch.requests_per_s:.0f} req/s) ...", flush=True)
+        try:
+            half, paced = run_soak(wrk, max_rps=batch.requests_per_s, seconds=duration, workers=args.workers,
+                                   connections=args.connections, load_factor=0.5, scenario="half-rate")
+        except Exception as exc:  # noqa: BLE001
+            failed["half-rate"] = f"{type(exc).__name__}: {exc}"
+        else:
+            results.append(half)
+            report["half_rate"] = {"target_rps": paced.target_rps, "achieved_rps": paced.achieved_rps,
+                                   "p99_ms": half.p99_ms, "ok": half.p99_ms < 30.0 and not half.problems}
+    if batch is not None and "soak" in names:
+        from bench.soak import run_soak
+
+        print(f"running soak ({args.soak_duration:.0f} s at 70% of {batch.requests_per_s:.0f} req/s) ...",
+              flush=True)
+        try:
+            soak_result, soak = run_soak(wrk, max_rps=batch.requests_per_s, seconds=args.soak_duration,
+                                         workers=args.workers, connections=args.connections)
+        except Exception as exc:  # noqa: BLE001
+            failed["soak"] = f"{type(exc).__name__}: {exc}"
+        else:
+            results.append(soak_result)
+            report["soak"] = {**soak.__dict__, "ok": soak.ok and not soak_result.problems,
+                              "vmrss_ok": soak.vmrss_ok}
+    if args.sweep:
+        sweep: list[Result] = []
+        report["sweep"] = []
+        for name in SWEEP_SCENARIOS:
+            for conns in args.sweep_connections:
+                print(f"sweep {name} at {conns} connections ({duration:.0f} s) ...", flush=True)
+                point = attempt(f"sweep {name} {conns}", partial(run_scenario, name, wrk, seconds=duration,
+                                                                 warmup=warmup, connections=conns,
+                                                                 workers=args.workers))
+                if point is not None:
+                    sweep.append(point)
+                    report["sweep"] = [r.as_dict() for r in sweep]
+        print(sweep_table(sweep))
+
+
+def _print_paced(report: dict[str, object]) -> None:
+    half = report.get("half_rate")
+    if isinstance(half, dict):
+        print(f"half-rate: batch25 at {half['achieved_rps']} req/s (target {half['target_rps']}),"
+              f" p99 {half['p99_ms']} ms (target < 30 ms)")
+    soak = report.get("soak")
+    if isinstance(soak, dict):
+        print(f"soak: target {soak['target_rps']} req/s, achieved {soak['achieved_rps']} req/s;"
+              f" heap (RssAnon) {soak['rss_anon_start_mb']} -> {soak['rss_anon_end_mb']} MB"
+              f" ({soak['rss_anon_growth_pct']:+.2f}% after {soak['warmup_s']} s warm-up, target < 10%);"
+              f" fds {soak['fds_start']} -> {soak['fds_end']} ({soak['fd_growth']:+d}, target 0);"
+              f" VmRSS {soak['rss_start_mb']} -> {soak['rss_end_mb']} MB ({soak['rss_growth_pct']:+.2f}%,"
+              " mostly LMDB's mapped pages, which come and go)")
 
 
 if __name__ == "__main__":

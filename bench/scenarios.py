@@ -5,10 +5,11 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import secrets
 import subprocess
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench import bodies
@@ -40,16 +41,30 @@ class Result:
     p50_ms: float
     p99_ms: float
     p999_ms: float
-    cpu_s_per_1000_events: float
+    cpu_s_per_1000_events: float | None  # None: the row's events are not what its CPU served
     cpu_ms_per_request: float
     peak_rss_mb: float
-    group_commit_size: float
+    group_commit_size: float | None  # None: no commit in the measured window
     non2xx: int
-    socket_errors: int
+    socket_errors: int  # connect, read, write errors and timeouts, as wrk counts them
     events_per_request: int
     note: str = ""
     workers: int = 1
     cpu_is_per_request: bool = True  # False: cpu_ms_per_request also counts load beside the requests
+    timeouts: int = 0  # requests unanswered after wrk's 10 s timeout: missing from the latencies
+    expects_2xx: bool = True  # False: refusals are the point (over-limit)
+    problems: list[str] = field(default_factory=list)  # why the row's figures cannot be trusted
+
+    def check(self, lost_processes: str = "") -> None:
+        """Record what makes the figures untrustworthy: errors, timeouts, refusals, a dead server process."""
+        if self.timeouts:
+            self.problems.append(f"{self.timeouts} requests timed out after 10 s and are missing from the latencies")
+        if self.socket_errors > self.timeouts:
+            self.problems.append(f"{self.socket_errors - self.timeouts} socket errors (connect, read or write)")
+        if self.non2xx and self.expects_2xx:
+            self.problems.append(f"{self.non2xx} answers were not 2xx")
+        if lost_processes:
+            self.problems.append(f"{lost_processes}: CPU, RSS and group size miss what it had used")
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -75,7 +90,8 @@ def write_tenants(workdir: Path, extra_keys: int = 0) -> tuple[Path, Path | None
 
 def wrk_argv(wrk: str, url: str, body: Path, seconds: float, connections: int, *,
              key: str = BENCH_KEY, mode: str = "fresh", key_file: Path | None = None,
-             delay_ms: int | None = None) -> list[str]:
+             delay_ms: int | None = None, start: int = 0) -> list[str]:
+    """wrk's command line; `start`: the first request counter (see fresh_ids.lua)."""
     extra = ""
     if delay_ms is not None:
         # wrk's delay(): each connection waits before its next request, uniformly 0 to
@@ -86,7 +102,8 @@ def wrk_argv(wrk: str, url: str, body: Path, seconds: float, connections: int, *
         extra = f"\nfunction delay() return math.random(0, {2 * int(delay_ms)}) end\n"
     script = lua_script(body.parent, "paced.lua" if delay_ms is not None else "fresh_ids.lua", LUA, extra)
     return [wrk, "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "10s",
-            "-s", str(script), url, "--", str(body), key, ORIGIN, str(key_file or ""), mode]
+            "-s", str(script), url, "--", str(body), key, ORIGIN, str(key_file or ""), mode, str(start),
+            str(secrets.randbelow(2**31))]  # each run its own id prefix
 
 
 def parse_wrk(out: str) -> dict[str, float]:
@@ -97,9 +114,13 @@ def parse_wrk(out: str) -> dict[str, float]:
 
 
 def run_wrk(wrk: str, url: str, body: Path, seconds: float, connections: int, *,
-            key: str = BENCH_KEY, mode: str = "fresh", key_file: Path | None = None) -> dict[str, float]:
-    argv = wrk_argv(wrk, url, body, seconds, connections, key=key, mode=mode, key_file=key_file)
-    return parse_wrk(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+            key: str = BENCH_KEY, mode: str = "fresh", key_file: Path | None = None,
+            start: int = 0) -> dict[str, float]:
+    argv = wrk_argv(wrk, url, body, seconds, connections, key=key, mode=mode, key_file=key_file, start=start)
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"wrk exited with {done.returncode}: {(done.stderr or done.stdout).strip()[-500:]}")
+    return parse_wrk(done.stdout)
 
 
 def gzip_pool(workdir: Path, count: int) -> Path:
@@ -110,6 +131,11 @@ def gzip_pool(workdir: Path, count: int) -> Path:
             blob = gzip.compress(template.replace("@ID@", f"gz{n}").encode(), 6)
             out.write(f"{len(blob)}\n".encode() + blob)
     return path
+
+
+def group_size(committed: float, transactions: float) -> float | None:
+    """Requests per group commit in a window; None when nothing was committed."""
+    return round(committed / transactions, 1) if transactions > 0 else None
 
 
 SCENARIOS = ("baseline", "single", "batch25", "batch25-gzip", "replay", "mixed-tenants", "over-limit",
@@ -132,7 +158,7 @@ def run_scenario(name: str, wrk: str, *, seconds: float, warmup: float, connecti
             path = "/_bench/noop"
         elif name == "batch25-gzip":
             body, mode = gzip_pool(workdir, 20_000), "gzpool"
-            note = "pool of 20,000 gzipped bodies; ids repeat after that"
+            note = "pool of 20,000 gzipped bodies, the timed run carrying on after the warm-up's; ids repeat after that"
         elif name == "replay":
             mode = "static"
             body.write_bytes(body.read_bytes().replace(b"@ID@", b"replayed"))
@@ -147,19 +173,26 @@ def run_scenario(name: str, wrk: str, *, seconds: float, warmup: float, connecti
 
                 httpx.post(url, content=body.read_bytes(),
                            headers={"X-API-Key": key, "Origin": ORIGIN, "Content-Type": "application/json"})
+            start = 0
             if warmup:
-                run_wrk(wrk, url, body, warmup, connections, key=key, mode=mode, key_file=key_file)
-            cpu0, (jobs0, txns0) = server.cpu_seconds(), server.writer_counts()
+                warm = run_wrk(wrk, url, body, warmup, connections, key=key, mode=mode, key_file=key_file)
+                # past the warm-up's answered requests and the one each connection had in flight
+                start = int(warm["requests"]) + connections
+            cpu0, before = server.cpu_seconds(), server.totals()
             started = time.monotonic()
-            stats = run_wrk(wrk, url, body, seconds, connections, key=key, mode=mode, key_file=key_file)
+            stats = run_wrk(wrk, url, body, seconds, connections, key=key, mode=mode, key_file=key_file,
+                            start=start)
             cpu = server.cpu_seconds() - cpu0
-            jobs1, txns1 = server.writer_counts()
+            if workers > 1:
+                time.sleep(1.2)  # every worker's metrics snapshot written after the run (each second)
+            after = server.totals()
+            jobs1, txns1 = after["committed"] - before["committed"], after["transactions"] - before["transactions"]
             elapsed = stats["duration_us"] / 1e6 or (time.monotonic() - started)
             requests = stats["requests"]
             # only answered-2xx requests carried stored (or duplicate) events
             events = (requests - stats["non2xx"]) * size if path != "/_bench/noop" else 0
             rps = requests / elapsed
-            return Result(
+            result = Result(
                 scenario=name,
                 connections=connections,
                 requests_per_s=round(rps, 1),
@@ -167,16 +200,28 @@ def run_scenario(name: str, wrk: str, *, seconds: float, warmup: float, connecti
                 p50_ms=stats["p50_us"] / 1000,
                 p99_ms=stats["p99_us"] / 1000,
                 p999_ms=stats["p999_us"] / 1000,
-                cpu_s_per_1000_events=round(cpu / events * 1000, 4) if events else 0.0,
+                cpu_s_per_1000_events=round(cpu / events * 1000, 4) if events else None,
                 cpu_ms_per_request=round(cpu / requests * 1000, 3) if requests else 0.0,
                 peak_rss_mb=round(server.peak_rss_bytes() / 2**20, 1),
-                group_commit_size=round((jobs1 - jobs0) / (txns1 - txns0), 1) if txns1 > txns0 else 0.0,
+                group_commit_size=group_size(jobs1, txns1),
                 non2xx=int(stats["non2xx"]),
                 socket_errors=int(stats["socket_errors"]),
+                timeouts=int(stats.get("timeouts", 0)),
                 events_per_request=size,
                 note=note,
                 workers=workers,
+                expects_2xx=name != "over-limit",
             )
+            result.check(server.lost_processes())
+            if events:
+                outcome = "duplicate" if name == "replay" else "accepted"
+                stored = after[outcome] - before[outcome]
+                # The server also finished the requests in flight when the warm-up and the
+                # timed run stopped (one a connection each time).
+                if not events <= stored <= events + 2 * connections * size:
+                    result.problems.append(f"the server counted {stored:.0f} {outcome} events where the bench"
+                                           f" counts {events}: events/s does not hold")
+            return result
         finally:
             server.stop()
 
@@ -211,12 +256,15 @@ def run_signals_read(wrk: str, *, seconds: float, warmup: float, connections: in
                                      capture_output=True, text=True, check=True).stdout
                 cpu = server.cpu_seconds() - cpu0
                 jobs1, txns1 = server.writer_counts()
-            finally:
-                ingest_stats = parse_wrk(ingest.communicate(timeout=seconds + warmup + 30)[0])
+            except BaseException:  # an interrupted or failed run leaves no wrk behind
+                ingest.kill()
+                ingest.wait()
+                raise
+            ingest_stats = parse_wrk(ingest.communicate(timeout=seconds + warmup + 30)[0])
             reads = parse_wrk(out)
             elapsed = reads["duration_us"] / 1e6
             ingest_rps = ingest_stats["requests"] / (ingest_stats["duration_us"] / 1e6)
-            return Result(
+            result = Result(
                 scenario="signals-read",
                 connections=readers,
                 requests_per_s=round(reads["requests"] / elapsed, 1),
@@ -225,13 +273,14 @@ def run_signals_read(wrk: str, *, seconds: float, warmup: float, connections: in
                 p50_ms=reads["p50_us"] / 1000,
                 p99_ms=reads["p99_us"] / 1000,
                 p999_ms=reads["p999_us"] / 1000,
-                cpu_s_per_1000_events=0.0,
+                cpu_s_per_1000_events=None,
                 # CPU of the whole server (reads and ingest) per read
                 cpu_ms_per_request=round(cpu / reads["requests"] * 1000, 3) if reads["requests"] else 0.0,
                 peak_rss_mb=round(server.peak_rss_bytes() / 2**20, 1),
-                group_commit_size=round((jobs1 - jobs0) / (txns1 - txns0), 1) if txns1 > txns0 else 0.0,
+                group_commit_size=group_size(jobs1 - jobs0, txns1 - txns0),
                 non2xx=int(reads["non2xx"]),
                 socket_errors=int(reads["socket_errors"]),
+                timeouts=int(reads.get("timeouts", 0)),
                 events_per_request=0,
                 cpu_is_per_request=False,
                 note=(f"reads of one active visitor on {readers} connections while batch25 ingest ran on"
@@ -240,5 +289,10 @@ def run_signals_read(wrk: str, *, seconds: float, warmup: float, connections: in
                       " counts the whole server"),
                 workers=workers,
             )
+            result.check(server.lost_processes())
+            if ingest_stats["non2xx"] or ingest_stats["socket_errors"]:
+                result.problems.append(f"the ingest beside the reads had {int(ingest_stats['non2xx'])} non-2xx"
+                                       f" answers and {int(ingest_stats['socket_errors'])} socket errors")
+            return result
         finally:
             server.stop()

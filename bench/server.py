@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import os
 import re
+import select
+import shutil
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO
 
 import httpx
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+START_TIMEOUT_S = 60.0
 
 
 def free_port() -> int:
@@ -53,23 +55,54 @@ class Collector:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.workers = workers
-        env = dict(os.environ, COLLECTOR_BENCH_ROUTES="1", COLLECTOR_ACCESS_LOG=str(access_log).lower(),
-                   **(env or {}))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "collector", "serve", "--bind", f"127.0.0.1:{self.port}",
-             "--data-dir", str(workdir / "data"), "--tenants", str(tenants), "--workers", str(workers)],
-            # BENCH_SERVER_LOG=FILE keeps the server's log lines (they are dropped otherwise)
-            stdout=subprocess.PIPE, stderr=self._log_file(), env=env, text=True,
-        )
+        # The server runs on its defaults: a COLLECTOR_* setting left in the shell
+        # would change what is measured without showing anywhere (ignored_settings).
+        base = {name: value for name, value in os.environ.items() if not name.startswith("COLLECTOR_")}
+        env = dict(base, COLLECTOR_BENCH_ROUTES="1", COLLECTOR_ACCESS_LOG=str(access_log).lower(), **(env or {}))
+        log_path = os.environ.get("BENCH_SERVER_LOG") or str(workdir / "server.log")
+        with open(log_path, "ab") as log:  # BENCH_SERVER_LOG=FILE keeps the server's log lines
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "collector", "serve", "--bind", f"127.0.0.1:{self.port}",
+                 "--data-dir", str(workdir / "data"), "--tenants", str(tenants), "--workers", str(workers)],
+                stdout=subprocess.PIPE, stderr=log, env=env, text=True,
+            )
+        try:
+            line = self._first_line(START_TIMEOUT_S)
+            if "listening on" not in line:
+                tail = Path(log_path).read_text(errors="replace").strip().splitlines()[-3:]
+                raise RuntimeError(f"collector did not start: {line.strip() or 'no output'}; its log ends:"
+                                   f" {' | '.join(tail) or '(empty)'}")
+            self._started = self._all_processes(workers)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _first_line(self, timeout: float) -> str:
         assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if "listening on" not in line:
-            raise RuntimeError(f"collector did not start: {line!r}")
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        return self.proc.stdout.readline() if ready else f"(nothing within {timeout:.0f} s)"
+
+    def _all_processes(self, workers: int) -> set[int]:
+        """The server's processes once every worker is up (the parent alone with one worker)."""
+        expected = 1 if workers == 1 else 1 + workers
+        deadline = time.monotonic() + START_TIMEOUT_S
+        pids = set(self.pids())
+        while len(pids) < expected and time.monotonic() < deadline:
+            time.sleep(0.05)
+            pids = set(self.pids())
+        return pids
+
+    def lost_processes(self) -> str:
+        """What died since the start ("" when nothing did): their CPU and counters are gone with them."""
+        if self.proc.poll() is not None:
+            return f"the collector exited with {self.proc.returncode}"
+        gone = self._started - set(self.pids())
+        return f"{len(gone)} of the server's {len(self._started)} processes exited mid-run" if gone else ""
 
     @staticmethod
-    def _log_file() -> int | IO[bytes]:
-        path = os.environ.get("BENCH_SERVER_LOG")
-        return open(path, "ab") if path else subprocess.DEVNULL  # noqa: SIM115 (the child holds it)
+    def ignored_settings() -> list[str]:
+        """COLLECTOR_* variables of this shell that the bench's servers do not get."""
+        return sorted(name for name in os.environ if name.startswith("COLLECTOR_"))
 
     def pids(self) -> list[int]:
         return _tree(self.proc.pid)
@@ -108,17 +141,30 @@ class Collector:
         return total
 
     def writer_counts(self) -> tuple[float, float]:
-        """(requests committed, transactions) from /metrics, summed over the workers.
+        """(requests committed, transactions) from /metrics, summed over the workers."""
+        totals = self.totals()
+        return totals["committed"], totals["transactions"]
 
-        One scrape covers every worker (their samples labelled worker="I"; the
-        figures of a worker other than the one answering are up to a second old).
+    def totals(self) -> dict[str, float]:
+        """Counters from one /metrics scrape, summed over the workers.
+
+        committed and transactions (the group-commit writer), accepted and
+        duplicate (events of requests answered 202). One scrape covers every
+        worker (their samples labelled worker="I"; the figures of a worker
+        other than the one answering are up to a second old).
         """
         text = httpx.get(self.url + "/metrics", timeout=10).text
 
-        def total(name: str) -> float:
-            return sum(float(value) for value in re.findall(rf'^{name}(?:{{worker="\d+"}})? ([0-9.e+]+)$', text, re.M))
+        def total(name: str, labels: str = "") -> float:
+            pattern = rf'^{name}{{?{labels}(?:,?worker="\d+")?}}? ([0-9.e+]+)$'
+            return sum(float(value) for value in re.findall(pattern, text, re.M))
 
-        return total("collector_writer_requests_committed"), total("collector_writer_transactions")
+        return {
+            "committed": total("collector_writer_requests_committed"),
+            "transactions": total("collector_writer_transactions"),
+            "accepted": total("collector_events_total", 'outcome="accepted"'),
+            "duplicate": total("collector_events_total", 'outcome="duplicate"'),
+        }
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -130,13 +176,18 @@ class Collector:
 
 
 def ensure_wrk() -> str:
-    for candidate in ("/usr/bin/wrk", "/usr/local/bin/wrk"):
-        if os.path.exists(candidate):
-            return candidate
+    found = shutil.which("wrk")
+    if found:
+        return found
     print("installing wrk from Debian's packages ...", flush=True)
     install = ["apt-get", "install", "-y", "-q", "wrk"]
     if subprocess.run(install, capture_output=True).returncode != 0:
         subprocess.run(["apt-get", "update", "-q"], capture_output=True, check=False)
-        subprocess.run(install, capture_output=True, check=True)
+        done = subprocess.run(install, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(
+                f"bench: could not install wrk with apt-get (exit {done.returncode}; it needs root):"
+                f" {(done.stderr or done.stdout).strip()[-400:]}\ninstall it (apt-get install wrk) and run again"
+            )
     time.sleep(0.1)
-    return "/usr/bin/wrk"
+    return shutil.which("wrk") or "/usr/bin/wrk"

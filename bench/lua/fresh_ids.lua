@@ -1,6 +1,10 @@
 -- Every request gets fresh event ids: @ID@ in the body template becomes a
--- per-thread random prefix plus a counter. Optional: a key per request from
+-- per-run random prefix plus a counter. Optional: a key per request from
 -- a pool (mixed-tenants), read from keys.txt.
+-- Arguments: body, key, origin, keys file, mode, first counter value, seed.
+-- The bench passes each run its own seed, and a timed run the counter where
+-- its warm-up stopped: the pools (gzip bodies, keys) then carry on past what
+-- the warm-up used instead of starting over (which resent the warm-up's ids).
 local template, keys, counter, prefix = nil, nil, 0, nil
 local headers = {}
 
@@ -28,7 +32,8 @@ function init(args)
     end
     headers["Content-Encoding"] = "gzip"
   end
-  math.randomseed(os.time() + math.floor(os.clock() * 1e6))
+  counter = tonumber(args[6] or "") or 0
+  math.randomseed(tonumber(args[7] or "") or (os.time() + math.floor(os.clock() * 1e6)))
   -- The id's shape is the same in every run: digits never run for twelve or
   -- more characters (letters split them), as in the UUIDs SDKs send. With a
   -- bare hex prefix, a run whose random prefix happened to end in digits gave

@@ -35,3 +35,30 @@ def test_ratio_and_cpu_above_the_baseline_per_request_and_per_event() -> None:
 
 def test_without_a_baseline_row_nothing_is_relative() -> None:
     assert _columns(table([_row("batch25", 800.0, 1.5, 25)]), "batch25")[-3:] == ["-", "-", "-"]
+
+
+def test_figures_not_measured_print_a_dash_and_problems_a_warning() -> None:
+    read = _row("signals-read", 600.0, 1.7, 0, cpu_is_per_request=False)
+    read.cpu_s_per_1000_events = None
+    read.group_commit_size = None
+    flawed = _row("batch25", 800.0, 1.5, 25, non2xx=3)
+    flawed.socket_errors, flawed.timeouts = 7, 5
+    flawed.check("1 of the server's 3 processes exited mid-run")
+    text = table([read, flawed])
+    columns = _columns(text, "signals-read")
+    assert columns[9] == "-" and columns[11] == "-"  # cpu s/1k ev, group
+    assert _columns(text, "batch25")[13] == "7"  # errors
+    warnings = [line for line in text.splitlines() if line.startswith("WARNING batch25:")]
+    assert warnings == [
+        "WARNING batch25: 5 requests timed out after 10 s and are missing from the latencies",
+        "WARNING batch25: 2 socket errors (connect, read or write)",
+        "WARNING batch25: 3 answers were not 2xx",
+        "WARNING batch25: 1 of the server's 3 processes exited mid-run: CPU, RSS and group size miss what it had used",
+    ]
+
+
+def test_refusals_are_no_problem_where_they_are_the_point() -> None:
+    refused = _row("over-limit", 1600.0, 0.6, 25, non2xx=100)
+    refused.expects_2xx = False
+    refused.check()
+    assert refused.problems == []
