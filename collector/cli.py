@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import signal
 import socket
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -145,7 +147,7 @@ def _one_serve_per_directory(data_dir: Path) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise UsageError(f"another collector serve already serves {data_dir}") from None
+        raise UsageError(f"another collector serve already serves {data_dir}, or a restore is replacing it") from None
     except OSError as exc:  # (NFS emulates flock with POSIX locks, which want a writable descriptor)
         os.close(fd)
         raise UsageError(f"cannot lock {path}: {exc.strerror} (a network file system?)") from None
@@ -414,19 +416,25 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from collector.fieldkeys import DEFAULT_NAME
+    from collector.fieldkeys import DEFAULT_NAME, key_file_path
     from storage.backup import restore
 
     settings = _settings_from(args)
-    # The default key file lives beside the LMDB files: carry it across the swap.
-    carry = () if settings.field_key_file else (DEFAULT_NAME,)
-    manifest = restore(Path(args.src), Path(settings.data_dir), force=args.force, carry_files=carry)
+    data_dir = Path(os.path.abspath(settings.data_dir))
+    data_dir = data_dir.resolve() if data_dir.is_symlink() else data_dir
+    key_file = Path(os.path.abspath(key_file_path(settings)))
+    # A key file inside the data directory (the default beside the LMDB files,
+    # or a configured path under it) is carried across the swap, which would
+    # otherwise delete it with the old directory; one elsewhere stays put.
+    inside = key_file.relative_to(data_dir).as_posix() if key_file.is_relative_to(data_dir) else None
+    carry = ((DEFAULT_NAME, inside),) if inside else ()
+    manifest = restore(Path(args.src), data_dir, force=args.force, carry_files=carry)
     print(_json.encode(manifest).decode())
-    if carry and not (Path(settings.data_dir) / DEFAULT_NAME).is_file():
+    if inside and not key_file.is_file():
         # Neither the backup nor the replaced directory had one: serve would make
         # a new key, and values it seals could not be opened with the old one.
         print(
-            f"collector: warning: the restored directory has no field-key file ({DEFAULT_NAME}); copy the"
+            f"collector: warning: the restored directory has no field-key file ({inside}); copy the"
             " one this data was sealed with into it before `serve`, or sealed values stay closed",
             file=sys.stderr,
         )
@@ -587,6 +595,18 @@ def one_line(message: str) -> str:
     return message.replace("\r", "\\r").replace("\n", "\\n")
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (a `timeout`, a systemd stop) during an operator command: cleaned up like Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop_operator_command(signum: int, _frame: object) -> None:
+    raise _Terminated(signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -597,6 +617,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from collector.runtime import report_fatal_signals
 
     report_fatal_signals()
+    if args.command != "serve":  # (serve drains on its stop signals itself)
+        signal.signal(signal.SIGTERM, _stop_operator_command)
     from collector.fieldkeys import KeyFileError
     from collector.reveal import RevealError
     from collector.tenants_admin import KeyAdminError
@@ -614,12 +636,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StorageError as exc:
         print(f"collector: storage error: {one_line(str(exc))}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         if args.command == "serve":
             return 0  # a stop signal is how serve is stopped
-        # An operator command cut short did not do its work: a script's `&&` must not go on.
-        print("collector: interrupted", file=sys.stderr)
-        return 130
+        # An operator command cut short did not do its work (its cleanup has run):
+        # a script's `&&` must not go on.
+        signum = stop.signum if isinstance(stop, _Terminated) else signal.SIGINT
+        print(f"collector: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
+        return 128 + signum
     except BrokenPipeError:
         return 0
     except OSError as exc:  # a path the command was given cannot be used: one line, no traceback

@@ -20,6 +20,7 @@ import hashlib
 import os
 import secrets
 import shutil
+import signal
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -134,7 +135,7 @@ def restore(
     data_dir: str | os.PathLike[str],
     *,
     force: bool = False,
-    carry_files: tuple[str, ...] = (),
+    carry_files: Sequence[tuple[str, str]] = (),
 ) -> BackupManifest:
     """Verify the backup in `src_dir`, then make it the data directory `data_dir`.
 
@@ -143,9 +144,12 @@ def restore(
     this collector reads, `data_dir` is not empty (unless force) or a
     collector has `data_dir` open. Call it from a process that does not have
     `data_dir` open itself: the in-use probe cannot see its own process.
-    Each of `carry_files` (files beside the LMDB environment, such as the
-    field-encryption key file) is taken from the backup when it has one, else
-    kept from the directory being replaced, inside the same atomic swap.
+    Each of `carry_files`, (its name in a backup, its path inside `data_dir`),
+    such as the field-encryption key file, is taken from the backup when it
+    has one, else kept from the directory being replaced, inside the same
+    atomic swap. Once the swap is made, SIGINT and SIGTERM wait until the
+    restore is finished (the command's answer must not say "interrupted"
+    about a directory already replaced).
     """
     src = Path(src_dir)
     manifest = read_manifest(src)
@@ -170,7 +174,7 @@ def restore(
             f" {FORMAT_VERSION}: upgrade the collector"
         )
 
-    target = Path(data_dir)
+    target = Path(os.path.abspath(data_dir))  # `.` has no name to put the staging copy beside
     # /var/lib/collector is a symlink under DynamicUser: replace what it points at.
     target = target.resolve() if target.is_symlink() else target
     if src.resolve().is_relative_to(target.resolve()):
@@ -197,24 +201,52 @@ def restore(
             if copied != manifest.sha256:
                 raise BackupError(f"checksum mismatch: {data} changed while it was copied")
             _renew_node_id(staging)
-            for name in carry_files:
-                for origin in (src / name, target / name):
+            for backup_name, inside in carry_files:
+                for origin in (src / backup_name, target / inside):
                     if origin.is_file():
-                        shutil.copy2(origin, staging / name)  # keeps owner-only permissions
-                        with (staging / name).open("rb") as handle:
-                            os.fsync(handle.fileno())  # the old directory, maybe its only copy, goes next
+                        _carry(origin, staging / inside)
                         break
             _fsync_dir(staging)
             if non_empty and _in_use(target):
                 raise BackupError(f"{target} was opened by a collector command during the restore; nothing was changed")
-            if non_empty:
-                _replace_non_empty(staging, target)
-            else:
-                os.replace(staging, target)  # onto an absent or empty directory: one rename
-            _fsync_dir(target.parent)
+            with _signals_held():
+                if non_empty:
+                    _replace_non_empty(staging, target)
+                else:
+                    os.replace(staging, target)  # onto an absent or empty directory: one rename
+                try:
+                    _fsync_dir(target.parent)
+                finally:
+                    shutil.rmtree(staging, ignore_errors=True)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return manifest
+
+
+def _carry(origin: Path, destination: Path) -> None:
+    """Copy a file into the staging directory, durably: the old directory, maybe its only copy, goes next."""
+    destination.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    shutil.copy2(origin, destination)  # keeps owner-only permissions
+    with destination.open("rb") as handle:
+        os.fsync(handle.fileno())
+    _fsync_dir(destination.parent)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the block ends; one that came meanwhile is then dropped.
+
+    For the swap and what follows it: once the old directory is replaced the
+    restore is done, and an interrupt there must not report it undone.
+    """
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        while signal.sigtimedwait(held - previous, 0) is not None:
+            pass  # consumed: the work it would have interrupted is finished
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 @contextlib.contextmanager
@@ -227,14 +259,21 @@ def _held_for_restore(target: Path) -> Iterator[None]:
     would otherwise acknowledge events into the directory about to be replaced.
     """
     descriptors: list[int] = []
+    created, data = False, target / DATA_FILE
     try:
         try:
             parent = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             descriptors.append(parent)
             if not _try_flock(parent):
                 raise BackupError(f"another restore into {target.parent} is running; wait for it")
-            served = os.open(target / DATA_FILE, os.O_RDONLY | os.O_CLOEXEC) if (target / DATA_FILE).exists() else -1
-            if served >= 0:
+            data = target / DATA_FILE
+            if data.exists() or (target.is_dir() and any(target.iterdir())):
+                # A serve creates data.mdb when it is missing, so a non-empty target
+                # gets an (empty) one to lock: a serve that started and stopped during
+                # the copy would otherwise go unseen. An empty or absent target needs
+                # none: the final rename fails if anything appeared in it.
+                created = not data.exists()
+                served = os.open(data, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
                 descriptors.append(served)
                 if not _try_flock(served):
                     raise BackupError(f"{target} is served by a running collector; stop it before restoring")
@@ -244,6 +283,10 @@ def _held_for_restore(target: Path) -> Iterator[None]:
     finally:
         for descriptor in descriptors:
             os.close(descriptor)
+        if created:  # left only when the restore failed: the swap takes it away with the old directory
+            with contextlib.suppress(OSError):
+                if data.stat().st_size == 0:
+                    data.unlink()
 
 
 def _try_flock(descriptor: int) -> bool:

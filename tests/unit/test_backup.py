@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -377,7 +378,8 @@ def test_a_damaged_format_marker_is_one_line_not_a_traceback(live: Storage, tmp_
     assert result.stderr.count("\n") == 1 and "damaged storage format marker" in result.stderr
 
 
-def test_an_interrupted_operator_command_does_not_exit_0(live: Storage, tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_operator_command_does_not_exit_0(live: Storage, tmp_path: Path, signum: int) -> None:
     # Ctrl-C during backup or restore exited 0 with nothing done: `backup && echo ok`
     # said ok (review helper-48). Here `outbox dump` blocks writing to a pipe nobody reads.
     admit(live, [f"e{n:04d}" for n in range(400)])
@@ -387,7 +389,71 @@ def test_an_interrupted_operator_command_does_not_exit_0(live: Storage, tmp_path
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).parents[2],
     )  # fmt: skip
     time.sleep(2)  # blocked on the full pipe
-    dump.send_signal(signal.SIGINT)
+    dump.send_signal(signum)
     assert dump.stderr is not None
-    assert dump.wait(timeout=20) == 130
-    assert dump.stderr.read() == b"collector: interrupted\n"
+    # SIGTERM (a `timeout`, a systemd stop) skipped every cleanup (review helper-50)
+    assert dump.wait(timeout=20) == 128 + signum
+    assert dump.stderr.read() == f"collector: interrupted ({signal.Signals(signum).name})\n".encode()
+
+
+def _cli(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "collector", *args], capture_output=True, text=True, timeout=60,
+        cwd=cwd or Path(__file__).parents[2], env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), **env},
+    )
+
+
+@pytest.mark.parametrize("inside", ["field-keys.json", "secrets/fk.json"])
+def test_restore_keeps_a_key_file_configured_inside_the_data_directory(
+    live: Storage, tmp_path: Path, inside: str
+) -> None:
+    # Only the default key file was carried across the swap: one configured at a
+    # path inside the data directory (the default spelled out in an env file, or a
+    # subdirectory) went with the old directory, silently (review helper-50).
+    backup(live, tmp_path / "bk")
+    live.close()
+    key = live.path / inside
+    key.parent.mkdir(exist_ok=True)
+    key.write_bytes(b"the key the data was sealed with")
+    done = _cli("restore", str(tmp_path / "bk"), "--force", "--data-dir", str(live.path),
+                COLLECTOR_FIELD_KEY_FILE=str(key))
+    assert done.returncode == 0, done.stderr
+    assert key.read_bytes() == b"the key the data was sealed with" and "warning" not in done.stderr
+    assert eids(live.path) == ["a", "b", "c"]
+
+
+def test_restore_into_the_working_directory(live: Storage, tmp_path: Path) -> None:
+    # `--data-dir .` was a ValueError traceback: `.` has no name (review helper-50).
+    backup(live, tmp_path / "bk")
+    live.close()
+    done = _cli("restore", str(tmp_path / "bk"), "--force", "--data-dir", ".", cwd=live.path)
+    assert done.returncode == 0, done.stderr
+    assert eids(live.path) == ["a", "b", "c"]
+
+
+def test_a_target_without_a_data_file_is_locked_against_a_serve(tmp_path: Path) -> None:
+    # A serve creates data.mdb when it is missing: a target holding only a key file
+    # was not locked, and a serve that started and stopped during the copy lost what
+    # it acknowledged to the swap (review helper-50).
+    target = tmp_path / "prepared"
+    target.mkdir()
+    (target / "field-keys.json").write_bytes(b"key")
+    with pytest.raises(RuntimeError, match="the restore failed"), backup_module._held_for_restore(target):
+        probe = os.open(target / "data.mdb", os.O_RDONLY | os.O_CREAT, 0o600)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # what serve does
+        finally:
+            os.close(probe)
+        raise RuntimeError("the restore failed")
+    assert listing(target) == ["field-keys.json"]  # the lock file it made is gone again
+
+
+def test_an_interrupt_during_the_swap_waits_for_it(tmp_path: Path) -> None:
+    # Ctrl-C right after the swap reported "interrupted" for a restore that had
+    # already replaced the directory (review helper-50).
+    with backup_module._signals_held():
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+    time.sleep(0.05)  # nothing is delivered afterwards either
