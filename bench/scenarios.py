@@ -178,6 +178,8 @@ def run_scenario(name: str, wrk: str, *, seconds: float, warmup: float, connecti
                 warm = run_wrk(wrk, url, body, warmup, connections, key=key, mode=mode, key_file=key_file)
                 # past the warm-up's answered requests and the one each connection had in flight
                 start = int(warm["requests"]) + connections
+            if workers > 1:
+                time.sleep(1.2)  # the warm-up's last figures in every worker's metrics snapshot
             cpu0, before = server.cpu_seconds(), server.totals()
             started = time.monotonic()
             stats = run_wrk(wrk, url, body, seconds, connections, key=key, mode=mode, key_file=key_file,
@@ -185,7 +187,7 @@ def run_scenario(name: str, wrk: str, *, seconds: float, warmup: float, connecti
             cpu = server.cpu_seconds() - cpu0
             if workers > 1:
                 time.sleep(1.2)  # every worker's metrics snapshot written after the run (each second)
-            after = server.totals()
+            after = server.totals_or_why()
             jobs1, txns1 = after["committed"] - before["committed"], after["transactions"] - before["transactions"]
             elapsed = stats["duration_us"] / 1e6 or (time.monotonic() - started)
             requests = stats["requests"]

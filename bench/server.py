@@ -142,8 +142,15 @@ class Collector:
 
     def writer_counts(self) -> tuple[float, float]:
         """(requests committed, transactions) from /metrics, summed over the workers."""
-        totals = self.totals()
+        totals = self.totals_or_why()
         return totals["committed"], totals["transactions"]
+
+    def totals_or_why(self) -> dict[str, float]:
+        """totals(); when the server no longer answers, a RuntimeError that says what died."""
+        try:
+            return self.totals()
+        except httpx.HTTPError as exc:
+            raise RuntimeError(self.lost_processes() or f"/metrics did not answer: {exc}") from None
 
     def totals(self) -> dict[str, float]:
         """Counters from one /metrics scrape, summed over the workers.

@@ -420,9 +420,11 @@ def cmd_restore(args: argparse.Namespace) -> int:
     from storage.backup import restore
 
     settings = _settings_from(args)
-    data_dir = Path(os.path.abspath(settings.data_dir))
-    data_dir = data_dir.resolve() if data_dir.is_symlink() else data_dir
-    key_file = Path(os.path.abspath(key_file_path(settings)))
+    # Compared as real paths: /var/lib/collector is a symlink under DynamicUser,
+    # and the default key file is spelled through it.
+    data_dir = Path(os.path.realpath(settings.data_dir))
+    spelled = key_file_path(settings)
+    key_file = Path(os.path.realpath(spelled.parent)) / spelled.name
     # A key file inside the data directory (the default beside the LMDB files,
     # or a configured path under it) is carried across the swap, which would
     # otherwise delete it with the old directory; one elsewhere stays put.

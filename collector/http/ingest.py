@@ -294,9 +294,13 @@ def _candidates(client_id: str, site_id: str, accepted: list[AcceptedEvent]) -> 
     # (one earlier in the same group commit too), weighed by time against this
     # request's own latest identity choice for that visitor before the event.
     stated: dict[str, tuple[int, bool]] = {}
+    choices: set[str] = set()
     for position, ev in enumerate(accepted):
         state = ev.consent_state
         if state is not None and state.identityResolution is not None:
+            if ev.eid in choices:
+                continue  # an in-batch repeat is the same decision, not a newer one
+            choices.add(ev.eid)
             at = state.identity_at_ms if state.identity_at_ms >= 0 else state.at_ms
             stated[state.visitor_id] = (at, state.identityResolution)
         elif ev.event_type == "identify" and ev.visitor_id is not None:

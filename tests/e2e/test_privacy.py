@@ -193,6 +193,25 @@ async def test_an_identify_dropped_for_consent_leaves_its_id_to_the_batch(
     assert "again" in stored
 
 
+async def test_an_in_batch_repeat_of_a_decision_is_not_a_newer_choice(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # A transition repeated later in the batch counted as the visitor's latest
+    # choice: [grant, deny, grant again, identify] stored the identify after the
+    # denial, and the opposite order dropped one the visitor allowed (review helper-52).
+    server = await started(nursery, tmp_path)
+    denied_last = {"events": [_transition("g1", "va", STAMP, True), _transition("d1", "va", STAMP + 1, False),
+                              _transition("g1", "va", STAMP, True), identify("ia", visitorId="va")]}
+    body = (await server.client.post("/v1/events", json=denied_last, headers=ACME)).json()
+    assert (body["accepted"], body["duplicates"], body["dropped"]) == (2, 1, 1), body
+    granted_last = {"events": [_transition("d2", "vb", STAMP, False), _transition("g2", "vb", STAMP + 1, True),
+                               _transition("d2", "vb", STAMP, False), identify("ib", visitorId="vb")]}
+    body = (await server.client.post("/v1/events", json=granted_last, headers=ACME)).json()
+    assert (body["accepted"], body["duplicates"], body["dropped"]) == (3, 1, 0), body
+    stored = await stored_events(server)
+    assert "ia" not in stored and "ib" in stored
+
+
 async def test_consent_decisions_in_order_in_time_and_in_part(nursery: trio.Nursery, tmp_path: Path) -> None:
     server = await started(nursery, tmp_path)
     now = STAMP

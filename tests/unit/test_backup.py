@@ -457,3 +457,18 @@ def test_an_interrupt_during_the_swap_waits_for_it(tmp_path: Path) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.05)
     time.sleep(0.05)  # nothing is delivered afterwards either
+
+
+def test_restore_through_a_symlink_keeps_the_default_key_file(live: Storage, tmp_path: Path) -> None:
+    # The shipped unit's layout (DynamicUser: /var/lib/collector is a symlink): the
+    # key file spelled through the link did not look inside the resolved directory,
+    # so the swap deleted it, silently (review helper-52).
+    backup(live, tmp_path / "bk")
+    live.close()
+    (live.path / "field-keys.json").write_bytes(b"the key the data was sealed with")
+    link = tmp_path / "link"
+    link.symlink_to(live.path)
+    done = _cli("restore", str(tmp_path / "bk"), "--force", "--data-dir", str(link))
+    assert done.returncode == 0, done.stderr
+    assert (live.path / "field-keys.json").read_bytes() == b"the key the data was sealed with"
+    assert "warning" not in done.stderr and eids(live.path) == ["a", "b", "c"]
