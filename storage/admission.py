@@ -49,7 +49,7 @@ class Candidate(msgspec.Struct, frozen=True):
     identity_consent_key: bytes | None = None
     # The request's own latest identity choice for the visitor before this
     # event, (when stated, allowed): it outranks the record when stated at the
-    # same time or later, the record's own rule (storage.consent.merged).
+    # same time or later, the record's own rule (storage.consent.later_choice).
     identity_stated: tuple[int, bool] | None = None
 
 
@@ -83,8 +83,8 @@ def _identity_denied(stored: bytes | memoryview | None, stated: tuple[int, bool]
         return stated is not None and stated[1] is False
     record = consent.decode(stored, now_ms=now_ms)
     allowed = record.identity_resolution
-    if stated is not None and (allowed is None or stated[0] >= record.identity_time()):
-        allowed = stated[1]
+    if stated is not None:  # weighed as the record itself will merge it
+        allowed, _ = consent.later_choice(allowed, record.identity_time(), stated[1], stated[0])
     return allowed is False
 
 

@@ -77,9 +77,10 @@ def decode_strict(raw: bytes | memoryview) -> RecordedConsent:
     return _decoder.decode(raw)
 
 
-def _later_choice(
+def later_choice(
     stored: bool | None, stored_at: int, candidate: bool | None, candidate_at: int
 ) -> tuple[bool | None, int]:
+    """The choice stated most recently, with its time; the candidate arrived later and wins a tie."""
     if candidate is None or (stored is not None and stored_at > candidate_at):
         return stored, stored_at
     return candidate, candidate_at
@@ -93,10 +94,10 @@ def merged(
         return candidate
     stored = decode(stored_raw, now_ms=now_ms)
     newer = candidate if candidate.at_ms >= stored.at_ms else stored
-    identity, identity_at = _later_choice(
+    identity, identity_at = later_choice(
         stored.identity_resolution, stored.identity_time(), candidate.identity_resolution, candidate.identity_time()
     )
-    sharing, sharing_at = _later_choice(
+    sharing, sharing_at = later_choice(
         stored.third_party_sharing, stored.sharing_time(), candidate.third_party_sharing, candidate.at_ms
     )
     result = RecordedConsent(newer.at_ms, newer.analytics, identity, sharing, newer.eid, identity_at, sharing_at)
