@@ -237,7 +237,8 @@ def _signals_held() -> Iterator[None]:
     """SIGINT and SIGTERM wait until the block ends; one that came meanwhile is then dropped.
 
     For the swap and what follows it: once the old directory is replaced the
-    restore is done, and an interrupt there must not report it undone.
+    restore is done, and an interrupt there must not report it undone. The
+    mask is the calling thread's: the operator commands run on one thread.
     """
     held = {signal.SIGINT, signal.SIGTERM}
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
@@ -266,7 +267,6 @@ def _held_for_restore(target: Path) -> Iterator[None]:
             descriptors.append(parent)
             if not _try_flock(parent):
                 raise BackupError(f"another restore into {target.parent} is running; wait for it")
-            data = target / DATA_FILE
             if data.exists() or (target.is_dir() and any(target.iterdir())):
                 # A serve creates data.mdb when it is missing, so a non-empty target
                 # gets an (empty) one to lock: a serve that started and stopped during
