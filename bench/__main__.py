@@ -2,7 +2,9 @@
 
 `--sweep` adds a concurrency sweep of `single` and `batch25` and a chart of it
 (bench/results/<timestamp>.png); `soak` holds batch25 at 70% of its measured
-maximum rate and watches RSS and file descriptors.
+maximum rate and watches RSS and file descriptors. `--repeat N` runs the
+unpaced scenarios N rounds and prints each figure's median (bench/rounds.py);
+`python -m bench.compare OLD.json NEW.json` reads two runs side by side.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -17,6 +20,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+from bench.rounds import by_scenario, ratio_per_round, spread, summarise
 from bench.scenarios import SCENARIOS, Result, run_scenario
 from bench.server import Collector, ensure_wrk
 
@@ -26,7 +30,8 @@ PACED = ("half-rate", "soak")
 SWEEP_SCENARIOS = ("single", "batch25")
 
 
-def table(results: list[Result], *, ratio_to: str = "baseline") -> str:
+def table(results: list[Result], *, ratio_to: str = "baseline", ratios: dict[str, float] | None = None,
+          spreads: dict[str, float | None] | None = None) -> str:
     """The run's table.
 
     `x base`: throughput relative to `ratio_to` in the same run. `+us/req` and
@@ -35,24 +40,34 @@ def table(results: list[Result], *, ratio_to: str = "baseline") -> str:
     costs beyond the HTTP stack, the figure a noisy host moves least.
     `errors`: wrk's socket errors and timeouts (a timed-out request is
     missing from the latencies). A WARNING line follows the table for every
-    row whose figures cannot be trusted as they stand.
+    row whose figures cannot be trusted as they stand. Rows summarising
+    several rounds (`--repeat`) pass their `ratios` (each the median of the
+    per-round ratios) and `spreads` (see bench.rounds), shown as `spread`.
     """
     reference = next((r for r in results if r.scenario == ratio_to), None)
     head = (f"{'scenario':<14}{'wk':>3}{'conn':>5}{'req/s':>9}{'events/s':>10}{'p50 ms':>8}{'p99 ms':>8}"
             f"{'p99.9':>8}{'cpu ms/req':>11}{'cpu s/1k ev':>12}{'rss MB':>8}{'group':>7}{'non2xx':>8}{'errors':>7}"
-            f"{'x base':>8}{'+us/req':>9}{'+us/ev':>8}")
+            f"{'x base':>8}{'+us/req':>9}{'+us/ev':>8}" + (f"{'spread':>8}" if spreads is not None else ""))
     lines = [head, "-" * len(head)]
     for r in results:
-        ratio = f"{r.requests_per_s / reference.requests_per_s:.2f}" if reference else "-"
+        if ratios is not None:
+            ratio = f"{ratios[r.scenario]:.2f}" if r.scenario in ratios else "-"
+        else:
+            ratio = f"{r.requests_per_s / reference.requests_per_s:.2f}" if reference else "-"
         per_request, per_event = _over_baseline(r, reference)
         lines.append(
             f"{r.scenario:<14}{r.workers:>3}{r.connections:>5}{r.requests_per_s:>9.0f}{r.events_per_s:>10.0f}"
             f"{r.p50_ms:>8.1f}{r.p99_ms:>8.1f}{r.p999_ms:>8.1f}{r.cpu_ms_per_request:>11.3f}"
             f"{_figure(r.cpu_s_per_1000_events, '.4f'):>12}{r.peak_rss_mb:>8.0f}{_figure(r.group_commit_size, '.1f'):>7}"
             f"{r.non2xx:>8}{r.socket_errors:>7}{ratio:>8}{per_request:>9}{per_event:>8}"
+            + (f"{_percent(spreads.get(r.scenario)):>8}" if spreads is not None else "")
         )
     lines += [f"WARNING {r.scenario}: {problem}" for r in results for problem in r.problems]
     return "\n".join(lines)
+
+
+def _percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"±{fraction * 100:.0f}%"
 
 
 def _figure(value: float | None, spec: str) -> str:
@@ -110,6 +125,8 @@ def main() -> None:
     parser.add_argument("--scenarios", default=",".join(ALL), help=f"comma-separated names ({', '.join(ALL)})")
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per scenario")
     parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="rounds of every unpaced scenario; the table shows each figure's median")
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--workers", type=int, default=1, help="serve --workers N for every scenario")
     parser.add_argument("--soak-duration", type=float, default=120.0, help="seconds of the soak scenario")
@@ -128,6 +145,9 @@ def main() -> None:
         parser.error("--workers must be at least 1")
     if args.connections < 1:
         parser.error("--connections must be at least 1")
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    repeat = 1 if args.check else args.repeat
     if duration < 1 or args.soak_duration < 1 or warmup < 0:
         parser.error("--duration and --soak-duration must be at least 1 s, --warmup at least 0")
     wrk = ensure_wrk()
@@ -142,20 +162,29 @@ def main() -> None:
         signal.signal(signum, _interrupt)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     report: dict[str, object] = {"duration": duration, "warmup": warmup, "workers": args.workers,
-                                 "connections": args.connections, "commit": _commit(),
+                                 "connections": args.connections, "repeat": repeat, "commit": _commit(),
                                  "python": sys.version.split()[0], "ignored_settings": ignored}
-    results: list[Result] = []
+    rounds: list[list[Result]] = []
+    paced: list[Result] = []
     failed: dict[str, str] = {}
     report["failed"] = failed
     interrupted = ""
     try:
-        _run(args, names, wrk, duration, warmup, report, results, failed)
+        _run(args, names, wrk, duration, warmup, repeat, report, rounds, paced, failed)
     except (KeyboardInterrupt, Interrupted) as stop:
         interrupted = str(stop) or "SIGINT"
         report["interrupted"] = interrupted
         print(f"\ninterrupted ({interrupted}): the scenarios that finished follow", file=sys.stderr, flush=True)
+    results = [summarise(runs) for runs in by_scenario(rounds).values()] + paced
     report["results"] = [r.as_dict() for r in results]
-    if results:
+    if repeat > 1:
+        ratios, spreads = _round_figures(rounds, results)
+        report["rounds"] = [[r.as_dict() for r in results_of_round] for results_of_round in rounds]
+        report["ratios"], report["spreads"] = ratios, spreads
+        if results:
+            print(f"medians of {len(rounds)} rounds; x base: the median of each round's ratio")
+            print(table(results, ratios=ratios, spreads=spreads))
+    elif results:
         print(table(results))
     _print_paced(report)
     RESULTS.mkdir(exist_ok=True)
@@ -176,9 +205,29 @@ def main() -> None:
         sys.exit(1)
 
 
-def _run(args: argparse.Namespace, names: list[str], wrk: str, duration: float, warmup: float,
-         report: dict[str, object], results: list[Result], failed: dict[str, str]) -> None:
-    """Every scenario in turn; one that fails is reported and the run goes on."""
+def _round_figures(rounds: list[list[Result]], results: list[Result]) -> tuple[dict[str, float], dict[str, float | None]]:
+    """Per scenario: the median of its per-round ratios to the baseline, and its requests/s spread.
+
+    A paced row (run once) is relative to the baseline's median, as in a single run.
+    """
+    runs = by_scenario(rounds)
+    ratios: dict[str, float] = {}
+    for name in runs:
+        per_round = ratio_per_round(rounds, name)
+        if per_round:
+            ratios[name] = statistics.median(per_round)
+    baseline = next((r for r in results if r.scenario == "baseline"), None)
+    for r in results:
+        if r.scenario not in runs and baseline is not None and baseline.requests_per_s > 0:
+            ratios[r.scenario] = r.requests_per_s / baseline.requests_per_s
+    spreads = {name: spread([r.requests_per_s for r in scenario_runs]) for name, scenario_runs in runs.items()}
+    return ratios, spreads
+
+
+def _run(args: argparse.Namespace, names: list[str], wrk: str, duration: float, warmup: float, repeat: int,
+         report: dict[str, object], rounds: list[list[Result]], paced_rows: list[Result],
+         failed: dict[str, str]) -> None:
+    """Every scenario in turn (`repeat` rounds of the unpaced ones); one that fails is reported and the run goes on."""
 
     def attempt(name: str, run: Callable[[], Result]) -> Result | None:
         try:
@@ -188,13 +237,20 @@ def _run(args: argparse.Namespace, names: list[str], wrk: str, duration: float, 
             print(f"  {name} failed: {failed[name]}", file=sys.stderr, flush=True)
             return None
 
-    for name in [n for n in names if n not in PACED]:
-        print(f"running {name} ({duration:.0f} s after {warmup:.0f} s warm-up) ...", flush=True)
-        result = attempt(name, partial(run_scenario, name, wrk, seconds=duration, warmup=warmup,
-                                       connections=args.connections, workers=args.workers))
-        if result is not None:
-            results.append(result)
-    batch = next((r for r in results if r.scenario == "batch25"), None)
+    unpaced = [n for n in names if n not in PACED]
+    for number in range(1, repeat + 1):
+        this_round: list[Result] = []
+        rounds.append(this_round)
+        label = f"round {number}/{repeat}: " if repeat > 1 else ""
+        for name in unpaced:
+            print(f"{label}running {name} ({duration:.0f} s after {warmup:.0f} s warm-up) ...", flush=True)
+            result = attempt(name if repeat == 1 else f"{name} (round {number})",
+                             partial(run_scenario, name, wrk, seconds=duration, warmup=warmup,
+                                     connections=args.connections, workers=args.workers))
+            if result is not None:
+                this_round.append(result)
+    batch_runs = by_scenario(rounds).get("batch25")
+    batch = summarise(batch_runs) if batch_runs else None
     if batch is None and any(name in PACED for name in names):
         print("calibrating: batch25 for 5 s to find the maximum rate ...", flush=True)
         batch = attempt("calibration", partial(run_scenario, "batch25", wrk, seconds=5, warmup=1,
@@ -211,7 +267,7 @@ def _run(args: argparse.Namespace, names: list[str], wrk: str, duration: float, 
         except Exception as exc:  # noqa: BLE001
             failed["half-rate"] = f"{type(exc).__name__}: {exc}"
         else:
-            results.append(half)
+            paced_rows.append(half)
             report["half_rate"] = {"target_rps": paced.target_rps, "achieved_rps": paced.achieved_rps,
                                    "p99_ms": half.p99_ms, "ok": half.p99_ms < 30.0 and not half.problems}
     if batch is not None and "soak" in names:
@@ -225,7 +281,7 @@ def _run(args: argparse.Namespace, names: list[str], wrk: str, duration: float, 
         except Exception as exc:  # noqa: BLE001
             failed["soak"] = f"{type(exc).__name__}: {exc}"
         else:
-            results.append(soak_result)
+            paced_rows.append(soak_result)
             report["soak"] = {**soak.__dict__, "ok": soak.ok and not soak_result.problems,
                               "vmrss_ok": soak.vmrss_ok}
     if args.sweep:

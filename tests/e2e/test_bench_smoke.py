@@ -83,3 +83,33 @@ def test_the_timed_run_does_not_resend_the_warm_ups_bodies() -> None:
 
     result = run_scenario("batch25-gzip", ensure_wrk(), seconds=2, warmup=1, connections=16)
     assert result.requests_per_s > 0 and result.problems == [], result.problems
+
+
+def test_rounds_are_read_as_medians_and_two_runs_compare() -> None:
+    before = set(RESULTS.glob("*.json"))
+    result = subprocess.run(
+        [sys.executable, "-m", "bench", "--scenarios", "baseline,single", "--repeat", "2", "--duration", "1",
+         "--warmup", "0"], capture_output=True, text=True, timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
+    assert "round 2/2: running single" in result.stdout and "medians of 2 rounds" in result.stdout
+    written = set(RESULTS.glob("*.json")) - before
+    assert len(written) == 1
+    path = written.pop()
+    try:
+        report = json.loads(path.read_text())
+        assert report["repeat"] == 2
+        assert [[r["scenario"] for r in results] for results in report["rounds"]] == [["baseline", "single"]] * 2
+        single = [r["requests_per_s"] for results in report["rounds"] for r in results if r["scenario"] == "single"]
+        base = [r["requests_per_s"] for results in report["rounds"] for r in results if r["scenario"] == "baseline"]
+        row = next(r for r in report["results"] if r["scenario"] == "single")
+        assert row["requests_per_s"] == sum(single) / 2  # the median of two
+        assert report["ratios"]["single"] == sum(s / b for s, b in zip(single, base, strict=True)) / 2
+        compared = subprocess.run([sys.executable, "-m", "bench.compare", str(path), str(path)],
+                                  capture_output=True, text=True, timeout=60)
+        assert compared.returncode == 0, compared.stderr
+        verdicts = {line.split()[0]: line.split()[-1] for line in compared.stdout.splitlines()
+                    if line.startswith(("baseline ", "single "))}
+        assert verdicts == {"baseline": "noise", "single": "noise"}
+    finally:
+        path.unlink()

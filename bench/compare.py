@@ -1,0 +1,160 @@
+"""`python -m bench.compare OLD.json NEW.json`: two bench runs, scenario by scenario.
+
+For each scenario both runs measured: requests/s, the ratio to the baseline of
+the same run (`x base`), p99 and server CPU per request, old then new, with the
+change. The verdict says whether the change stands out from the runs' own
+noise: when both runs have several rounds (`python -m bench --repeat 3`), a
+scenario is `faster` or `slower` only when the ranges of its per-round ratios
+(requests/s for the baseline itself) do not overlap, and `noise` when they do.
+Runs of one round cannot tell noise from change: their verdict is `?`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+SETTINGS = ("workers", "connections", "duration", "warmup")
+FIGURES = ("requests_per_s", "p99_ms", "cpu_ms_per_request")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+class Run:
+    """One bench JSON: its summary rows and, with --repeat, each round's rows."""
+
+    def __init__(self, path: Path, report: dict[str, Any]) -> None:
+        self.path = path
+        self.report = report
+        self.rows: dict[str, dict[str, Any]] = {row["scenario"]: row for row in report.get("results", [])}
+        self.rounds: list[dict[str, dict[str, Any]]] = [
+            {row["scenario"]: row for row in results} for results in report.get("rounds", [])
+        ]
+
+    @classmethod
+    def load(cls, path: Path) -> Run:
+        try:
+            report = json.loads(path.read_text())
+        except OSError as exc:
+            raise ValueError(f"{path}: {exc.strerror}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path}: not a bench result ({exc})") from None
+        if not isinstance(report, dict) or not isinstance(report.get("results"), list):
+            raise ValueError(f"{path}: not a bench result (no results list)")
+        rounds = report.get("rounds", [])
+        if not isinstance(rounds, list) or not all(isinstance(r, list) for r in rounds):
+            raise ValueError(f"{path}: not a bench result (rounds is not a list of lists)")
+        for row in [*report["results"], *(row for results in rounds for row in results)]:
+            if not (isinstance(row, dict) and isinstance(row.get("scenario"), str)
+                    and all(_is_number(row.get(name)) for name in FIGURES)):
+                raise ValueError(f"{path}: not a bench result (a row lacks scenario, {', '.join(FIGURES)})")
+        return cls(path, report)
+
+    def ratio(self, scenario: str) -> float | None:
+        """The scenario's x base: the run's own median ratio when it has rounds, else from its rows."""
+        ratios = self.report.get("ratios")
+        if isinstance(ratios, dict) and scenario in ratios:
+            return float(ratios[scenario])
+        base, row = self.rows.get("baseline"), self.rows.get(scenario)
+        if base is None or row is None or not base["requests_per_s"]:
+            return None
+        return float(row["requests_per_s"]) / float(base["requests_per_s"])
+
+    def per_round(self, scenario: str) -> list[float]:
+        """What the verdict compares, in each round: requests/s for the baseline, else the ratio to it."""
+        values = []
+        for rows in self.rounds:
+            row, base = rows.get(scenario), rows.get("baseline")
+            if row is None:
+                continue
+            if scenario == "baseline":
+                values.append(float(row["requests_per_s"]))
+            elif base is not None and base["requests_per_s"]:
+                values.append(float(row["requests_per_s"]) / float(base["requests_per_s"]))
+        return values
+
+    def label(self) -> str:
+        r = self.report
+        return (f"{self.path.name}: commit {r.get('commit') or '?'}, {r.get('repeat', 1)} round(s),"
+                f" {r.get('workers', '?')} worker(s), {r.get('connections', '?')} connections,"
+                f" {r.get('duration', '?')} s")
+
+
+def verdict(old: Sequence[float], new: Sequence[float]) -> str:
+    """`faster`/`slower` when the per-round ranges do not overlap, `noise` when they do, `?` without rounds."""
+    if len(old) < 2 or len(new) < 2:
+        return "?"
+    if min(new) > max(old):
+        return "faster"
+    if max(new) < min(old):
+        return "slower"
+    return "noise"
+
+
+def _change(old: float | None, new: float | None) -> str:
+    if old is None or new is None or not old:
+        return "-"
+    return f"{(new - old) / old * 100:+.0f}%"
+
+
+def _num(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def compare(old: Run, new: Run) -> str:
+    lines = [f"old  {old.label()}", f"new  {new.label()}"]
+    for name in SETTINGS:
+        if old.report.get(name) != new.report.get(name):
+            lines.append(f"WARNING: the runs differ in {name} ({old.report.get(name)} vs {new.report.get(name)}):"
+                         " read the changes with care")
+    head = (f"{'scenario':<14}{'req/s old':>10}{'new':>8}{'change':>8}{'x base old':>11}{'new':>6}"
+            f"{'p99 old':>9}{'new':>8}{'cpu ms/req old':>15}{'new':>7}{'change':>8}{'verdict':>9}")
+    lines += [head, "-" * len(head)]
+    for scenario, before in old.rows.items():
+        after = new.rows.get(scenario)
+        if after is None:
+            continue
+        rps_old, rps_new = float(before["requests_per_s"]), float(after["requests_per_s"])
+        cpu_old, cpu_new = float(before["cpu_ms_per_request"]), float(after["cpu_ms_per_request"])
+        lines.append(
+            f"{scenario:<14}{rps_old:>10.0f}{rps_new:>8.0f}{_change(rps_old, rps_new):>8}"
+            f"{_num(old.ratio(scenario), '.2f'):>11}{_num(new.ratio(scenario), '.2f'):>6}"
+            f"{float(before['p99_ms']):>9.1f}{float(after['p99_ms']):>8.1f}"
+            f"{cpu_old:>15.3f}{cpu_new:>7.3f}{_change(cpu_old, cpu_new):>8}"
+            f"{verdict(old.per_round(scenario), new.per_round(scenario)):>9}"
+        )
+    only = sorted(set(old.rows) ^ set(new.rows))
+    if only:
+        lines.append(f"measured in one run only: {', '.join(only)}")
+    if old.rounds and new.rounds:
+        lines.append("verdict: faster/slower when the per-round ranges of x base (req/s for baseline) do not"
+                     " overlap, noise when they do")
+    else:
+        lines.append("verdict ?: a run of one round cannot tell a change from this host's noise;"
+                     " run both with --repeat 3")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("old", type=Path, help="the earlier run's bench/results/<timestamp>.json")
+    parser.add_argument("new", type=Path, help="the later run's JSON")
+    args = parser.parse_args(argv)
+    try:
+        old, new = Run.load(args.old), Run.load(args.new)
+    except ValueError as exc:
+        print(f"python -m bench.compare: {exc}", file=sys.stderr)
+        return 2
+    print(compare(old, new))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

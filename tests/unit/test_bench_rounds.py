@@ -1,0 +1,99 @@
+"""Several rounds read as one row (`--repeat`), and two runs compared (`python -m bench.compare`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.__main__ import _round_figures, table
+from bench.compare import Run, compare, main, verdict
+from bench.rounds import by_scenario, ratio_per_round, spread, summarise
+from bench.scenarios import Result
+
+
+def _row(scenario: str, rps: float, *, p99: float = 2.0, cpu: float = 1.0, group: float | None = 10.0,
+         problems: list[str] | None = None) -> Result:
+    return Result(scenario=scenario, connections=64, requests_per_s=rps, events_per_s=rps * 25, p50_ms=1.0,
+                  p99_ms=p99, p999_ms=3.0, cpu_s_per_1000_events=0.04, cpu_ms_per_request=cpu,
+                  peak_rss_mb=100.0, group_commit_size=group, non2xx=0, socket_errors=1, events_per_request=25,
+                  problems=problems or [])
+
+
+def test_each_figure_is_its_median_and_counts_and_problems_add_up() -> None:
+    runs = [_row("batch25", 800, p99=90, cpu=1.2), _row("batch25", 600, p99=300, cpu=1.5, problems=["slow"]),
+            _row("batch25", 700, p99=100, cpu=1.1, group=None)]
+    row = summarise(runs)
+    assert (row.requests_per_s, row.events_per_s, row.p99_ms, row.cpu_ms_per_request) == (700, 17500, 100, 1.2)
+    assert row.group_commit_size is None  # not measured in one round: no median of the others
+    assert row.socket_errors == 3
+    assert row.problems == ["round 2: slow"]
+    assert runs[1].problems == ["slow"]  # the rounds' own rows are left as they were
+    assert summarise(runs[:1]) is runs[0]
+
+
+def test_the_ratio_is_taken_within_each_round_then_its_median() -> None:
+    rounds = [[_row("baseline", 3000), _row("batch25", 900)],
+              [_row("baseline", 2000), _row("batch25", 620)],  # a slow phase slows both
+              [_row("baseline", 3300), _row("batch25", 1000)]]
+    assert ratio_per_round(rounds, "batch25") == pytest.approx([0.3, 0.31, 1000 / 3300])
+    results = [summarise(runs) for runs in by_scenario(rounds).values()]
+    ratios, spreads = _round_figures(rounds, results)
+    assert ratios["batch25"] == pytest.approx(1000 / 3300)  # the median round's, not 900 / 3000
+    assert spreads["batch25"] == pytest.approx((1000 - 620) / 2 / 900)
+    assert spread([5.0]) is None
+    text = table(results, ratios=ratios, spreads=spreads)
+    assert text.splitlines()[0].split()[-1] == "spread"
+    assert next(line for line in text.splitlines() if line.startswith("batch25")).split()[-4:] == [
+        "0.30", "0", "0.0", "±21%"]
+
+
+def _report(path: Path, per_round: list[tuple[float, float]], **settings: object) -> Path:
+    rounds = [[_row("baseline", base).as_dict(), _row("batch25", batch).as_dict()] for base, batch in per_round]
+    results = [summarise([_row("baseline", b) for b, _ in per_round]).as_dict(),
+               summarise([_row("batch25", b) for _, b in per_round]).as_dict()]
+    report: dict[str, object] = {"results": results, "commit": "abc1234", "repeat": len(per_round),
+                                 "workers": 1, "connections": 64, "duration": 10.0, "warmup": 2.0, **settings}
+    if len(per_round) > 1:
+        report["rounds"] = rounds
+    path.write_text(json.dumps(report))
+    return path
+
+
+def _verdicts(text: str) -> dict[str, str]:
+    return {line.split()[0]: line.split()[-1] for line in text.splitlines() if line.split()[0] in ("baseline", "batch25")}
+
+
+def test_compare_calls_a_change_only_beyond_the_rounds_noise(tmp_path: Path) -> None:
+    old = Run.load(_report(tmp_path / "old.json", [(3000, 800), (2500, 700), (3200, 820)]))
+    faster = Run.load(_report(tmp_path / "new.json", [(3100, 1100), (2600, 950), (3000, 1050)]))
+    assert _verdicts(compare(old, faster)) == {"baseline": "noise", "batch25": "faster"}
+    assert _verdicts(compare(faster, old)) == {"baseline": "noise", "batch25": "slower"}
+    single = Run.load(_report(tmp_path / "one.json", [(3000, 1200)]))
+    text = compare(old, single)
+    assert _verdicts(text) == {"baseline": "?", "batch25": "?"}
+    assert "run both with --repeat 3" in text
+    line = next(line for line in text.splitlines() if line.startswith("batch25"))
+    assert line.split()[1:4] == ["800", "1200", "+50%"]
+    assert verdict([1.0, 2.0], [2.0, 3.0]) == "noise"  # touching ranges are no evidence
+
+
+def test_compare_warns_when_the_runs_were_not_alike(tmp_path: Path) -> None:
+    old = Run.load(_report(tmp_path / "old.json", [(3000, 800)]))
+    new = Run.load(_report(tmp_path / "new.json", [(5000, 1500)], workers=2))
+    assert "WARNING: the runs differ in workers (1 vs 2)" in compare(old, new)
+
+
+@pytest.mark.parametrize("content", ["", "[]", '{"results": [{"scenario": "x"}]}', '{"results": [], "rounds": 3}',
+                                     "\xff"])
+def test_compare_refuses_what_is_not_a_bench_result(tmp_path: Path, content: str,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(content.encode("latin-1"))
+    good = _report(tmp_path / "good.json", [(3000, 800)])
+    assert main([str(good), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"python -m bench.compare: {bad}: not a bench result") and err.count("\n") == 1
+    assert main([str(tmp_path / "missing.json"), str(good)]) == 2
+    assert "missing.json: No such file or directory" in capsys.readouterr().err
