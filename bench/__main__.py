@@ -4,7 +4,9 @@
 (bench/results/<timestamp>.png); `soak` holds batch25 at 70% of its measured
 maximum rate and watches RSS and file descriptors. `--repeat N` runs the
 unpaced scenarios N rounds and prints each figure's median (bench/rounds.py);
-`python -m bench.compare OLD.json NEW.json` reads two runs side by side.
+`python -m bench.compare OLD.json NEW.json` reads two runs side by side, and
+`--against REV` serves another git revision beside this tree, scenario by
+scenario, and compares them.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ import argparse
 import json
 import signal
 import statistics
-import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from bench.revision import UnknownRevision, describe_tree, export
 from bench.rounds import by_scenario, ratio_per_round, spread, summarise
 from bench.scenarios import SCENARIOS, Result, run_scenario
 from bench.server import Collector, ensure_wrk
@@ -110,13 +114,20 @@ def _interrupt(signum: int, _frame: object) -> None:
     raise Interrupted(signal.Signals(signum).name)
 
 
-def _commit() -> str:
-    try:
-        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return done.stdout.strip() if done.returncode == 0 else ""
+@dataclass
+class Side:
+    """The code one set of servers runs: this tree, or another revision (`--against`)."""
+
+    name: str  # "new" (this tree) or "old" (the revision)
+    commit: str
+    source: Path | None = None  # None: this tree
+    report: dict[str, object] = field(default_factory=dict)
+    rounds: list[list[Result]] = field(default_factory=list)
+    paced: list[Result] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+
+    def tag(self, what: str, both: bool) -> str:
+        return f"{what} [{self.name} {self.commit}]" if both else what
 
 
 def main() -> None:
@@ -127,6 +138,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--repeat", type=int, default=1,
                         help="rounds of every unpaced scenario; the table shows each figure's median")
+    parser.add_argument("--against", metavar="REV",
+                        help="also serve git revision REV, each scenario on both back to back, and compare")
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--workers", type=int, default=1, help="serve --workers N for every scenario")
     parser.add_argument("--soak-duration", type=float, default=120.0, help="seconds of the soak scenario")
@@ -147,9 +160,24 @@ def main() -> None:
         parser.error("--connections must be at least 1")
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
+    if args.against is not None and (args.check or args.sweep):
+        parser.error("--against compares scenario runs; it does not combine with --check or --sweep")
     repeat = 1 if args.check else args.repeat
     if duration < 1 or args.soak_duration < 1 or warmup < 0:
         parser.error("--duration and --soak-duration must be at least 1 s, --warmup at least 0")
+    with tempfile.TemporaryDirectory(prefix="bench-against-") as tmp:
+        sides = [Side("new", describe_tree())]
+        if args.against is not None:
+            try:
+                commit = export(args.against, Path(tmp))
+            except UnknownRevision as exc:
+                parser.error(f"--against: {exc}")
+            sides.insert(0, Side("old", commit, Path(tmp)))
+        _bench(args, parser, names, duration, warmup, repeat, sides)
+
+
+def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser, names: list[str], duration: float,
+           warmup: float, repeat: int, sides: list[Side]) -> None:
     wrk = ensure_wrk()
     if args.sweep:
         from bench.chart import ensure_matplotlib
@@ -161,47 +189,60 @@ def main() -> None:
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _interrupt)
     stamp = time.strftime("%Y%m%dT%H%M%S")
-    report: dict[str, object] = {"duration": duration, "warmup": warmup, "workers": args.workers,
-                                 "connections": args.connections, "repeat": repeat, "commit": _commit(),
-                                 "python": sys.version.split()[0], "ignored_settings": ignored}
-    rounds: list[list[Result]] = []
-    paced: list[Result] = []
-    failed: dict[str, str] = {}
-    report["failed"] = failed
+    for side in sides:
+        side.report.update({"duration": duration, "warmup": warmup, "workers": args.workers,
+                            "connections": args.connections, "repeat": repeat, "commit": side.commit,
+                            "python": sys.version.split()[0], "ignored_settings": ignored, "failed": side.failed})
     interrupted = ""
     try:
-        _run(args, names, wrk, duration, warmup, repeat, report, rounds, paced, failed)
+        _run(args, names, wrk, duration, warmup, repeat, sides)
     except (KeyboardInterrupt, Interrupted) as stop:
         interrupted = str(stop) or "SIGINT"
-        report["interrupted"] = interrupted
         print(f"\ninterrupted ({interrupted}): the scenarios that finished follow", file=sys.stderr, flush=True)
-    results = [summarise(runs) for runs in by_scenario(rounds).values()] + paced
-    report["results"] = [r.as_dict() for r in results]
-    if repeat > 1:
-        ratios, spreads = _round_figures(rounds, results)
-        report["rounds"] = [[r.as_dict() for r in results_of_round] for results_of_round in rounds]
-        report["ratios"], report["spreads"] = ratios, spreads
-        if results:
-            print(f"medians of {len(rounds)} rounds; x base: the median of each round's ratio")
-            print(table(results, ratios=ratios, spreads=spreads))
-    elif results:
-        print(table(results))
-    _print_paced(report)
     RESULTS.mkdir(exist_ok=True)
-    if args.sweep and "sweep" in report and not interrupted:
-        from bench.chart import write_chart
+    both = len(sides) > 1
+    problems = False
+    for side in sides:
+        report = side.report
+        if interrupted:
+            report["interrupted"] = interrupted
+        results = [summarise(runs) for runs in by_scenario(side.rounds).values()] + side.paced
+        problems = problems or any(r.problems for r in results)
+        report["results"] = [r.as_dict() for r in results]
+        if both:
+            print(f"\n{side.name}: {side.commit}" + (" (this tree)" if side.source is None else ""))
+        if repeat > 1:
+            ratios, spreads = _round_figures(side.rounds, results)
+            report["rounds"] = [[r.as_dict() for r in results_of_round] for results_of_round in side.rounds]
+            report["ratios"], report["spreads"] = ratios, spreads
+            if results:
+                print(f"medians of {len(side.rounds)} rounds; x base: the median of each round's ratio")
+                print(table(results, ratios=ratios, spreads=spreads))
+        elif results:
+            print(table(results))
+        _print_paced(report)
+        if args.sweep and "sweep" in report and not interrupted:
+            from bench.chart import write_chart
 
-        chart = write_chart(report["sweep"], RESULTS / f"{stamp}.png",  # type: ignore[arg-type]
-                            title=f"collector sweep {stamp}, {args.workers} worker(s), {duration:.0f} s per point")
-        print(f"wrote {chart}")
-    out = RESULTS / f"{stamp}.json"
-    out.write_text(json.dumps(report, indent=2))
-    print(f"wrote {out}")
+            chart = write_chart(report["sweep"], RESULTS / f"{stamp}.png",  # type: ignore[arg-type]
+                                title=f"collector sweep {stamp}, {args.workers} worker(s), {duration:.0f} s per point")
+            print(f"wrote {chart}")
+        out = RESULTS / (f"{stamp}-old-{side.commit}.json" if side.source is not None else f"{stamp}.json")
+        out.write_text(json.dumps(report, indent=2))
+        print(f"wrote {out}")
+        side.report["path"] = str(out)
+    if both:
+        from bench.compare import Run, compare
+
+        old, new = sides
+        print()
+        print(compare(Run(Path(str(old.report["path"])), old.report), Run(Path(str(new.report["path"])), new.report)))
+    failed = {side.tag(name, both): error for side in sides for name, error in side.failed.items()}
     for name, error in failed.items():
         print(f"FAILED {name}: {error}", file=sys.stderr)
     if interrupted:
         sys.exit(130)
-    if failed or (args.check and any(r.problems for r in results)):
+    if failed or (args.check and problems):
         sys.exit(1)
 
 
@@ -225,78 +266,105 @@ def _round_figures(rounds: list[list[Result]], results: list[Result]) -> tuple[d
 
 
 def _run(args: argparse.Namespace, names: list[str], wrk: str, duration: float, warmup: float, repeat: int,
-         report: dict[str, object], rounds: list[list[Result]], paced_rows: list[Result],
-         failed: dict[str, str]) -> None:
-    """Every scenario in turn (`repeat` rounds of the unpaced ones); one that fails is reported and the run goes on."""
+         sides: list[Side]) -> None:
+    """Every scenario in turn (`repeat` rounds of the unpaced ones); one that fails is reported and the run goes on.
 
-    def attempt(name: str, run: Callable[[], Result]) -> Result | None:
+    With two sides each scenario runs on both back to back, the first of the
+    pair alternating from round to round, so that a slow phase of the host
+    falls on both alike.
+    """
+    both = len(sides) > 1
+
+    def attempt(side: Side, name: str, run: Callable[[], Result]) -> Result | None:
         try:
             return run()
         except Exception as exc:  # noqa: BLE001 (a failed scenario must not lose the others)
-            failed[name] = f"{type(exc).__name__}: {exc}"
-            print(f"  {name} failed: {failed[name]}", file=sys.stderr, flush=True)
+            side.failed[name] = f"{type(exc).__name__}: {exc}"
+            print(f"  {side.tag(name, both)} failed: {side.failed[name]}", file=sys.stderr, flush=True)
             return None
 
     unpaced = [n for n in names if n not in PACED]
     for number in range(1, repeat + 1):
-        this_round: list[Result] = []
-        rounds.append(this_round)
+        for side in sides:
+            side.rounds.append([])
         label = f"round {number}/{repeat}: " if repeat > 1 else ""
+        order = sides if number % 2 else sides[::-1]
         for name in unpaced:
-            print(f"{label}running {name} ({duration:.0f} s after {warmup:.0f} s warm-up) ...", flush=True)
-            result = attempt(name if repeat == 1 else f"{name} (round {number})",
-                             partial(run_scenario, name, wrk, seconds=duration, warmup=warmup,
-                                     connections=args.connections, workers=args.workers))
-            if result is not None:
-                this_round.append(result)
-    batch_runs = by_scenario(rounds).get("batch25")
+            for side in order:
+                print(f"{label}running {side.tag(name, both)} ({duration:.0f} s after {warmup:.0f} s warm-up) ...",
+                      flush=True)
+                result = attempt(side, name if repeat == 1 else f"{name} (round {number})",
+                                 partial(run_scenario, name, wrk, seconds=duration, warmup=warmup,
+                                         connections=args.connections, workers=args.workers, source=side.source))
+                if result is not None:
+                    side.rounds[-1].append(result)
+    if any(name in PACED for name in names):
+        for side in sides:
+            _run_paced(args, names, wrk, duration, side, both, attempt)
+    if args.sweep:
+        _run_sweep(args, wrk, duration, warmup, sides[0])
+
+
+def _run_paced(args: argparse.Namespace, names: list[str], wrk: str, duration: float, side: Side, both: bool,
+               attempt: Callable[[Side, str, Callable[[], Result]], Result | None]) -> None:
+    """half-rate and soak on one side, paced from its median batch25 (or a calibration run)."""
+    from bench.soak import run_soak
+
+    report = side.report
+    batch_runs = by_scenario(side.rounds).get("batch25")
     batch = summarise(batch_runs) if batch_runs else None
-    if batch is None and any(name in PACED for name in names):
-        print("calibrating: batch25 for 5 s to find the maximum rate ...", flush=True)
-        batch = attempt("calibration", partial(run_scenario, "batch25", wrk, seconds=5, warmup=1,
-                                               connections=args.connections, workers=args.workers))
+    if batch is None:
+        print(f"calibrating{' ' + side.tag('', both).strip() if both else ''}: batch25 for 5 s to find the maximum"
+              " rate ...", flush=True)
+        batch = attempt(side, "calibration", partial(run_scenario, "batch25", wrk, seconds=5, warmup=1,
+                                                     connections=args.connections, workers=args.workers,
+                                                     source=side.source))
         if batch is not None:
             report["soak_calibration"] = batch.as_dict()
     if batch is not None and "half-rate" in names:
-        from bench.soak import run_soak
-
-        print(f"running half-rate ({duration:.0f} s at 50% of {batch.requests_per_s:.0f} req/s) ...", flush=True)
+        print(f"running {side.tag('half-rate', both)} ({duration:.0f} s at 50% of {batch.requests_per_s:.0f}"
+              " req/s) ...", flush=True)
         try:
             half, paced = run_soak(wrk, max_rps=batch.requests_per_s, seconds=duration, workers=args.workers,
-                                   connections=args.connections, load_factor=0.5, scenario="half-rate")
+                                   connections=args.connections, load_factor=0.5, scenario="half-rate",
+                                   source=side.source)
         except Exception as exc:  # noqa: BLE001
-            failed["half-rate"] = f"{type(exc).__name__}: {exc}"
+            side.failed["half-rate"] = f"{type(exc).__name__}: {exc}"
         else:
-            paced_rows.append(half)
+            side.paced.append(half)
             report["half_rate"] = {"target_rps": paced.target_rps, "achieved_rps": paced.achieved_rps,
                                    "p99_ms": half.p99_ms, "ok": half.p99_ms < 30.0 and not half.problems}
     if batch is not None and "soak" in names:
-        from bench.soak import run_soak
-
-        print(f"running soak ({args.soak_duration:.0f} s at 70% of {batch.requests_per_s:.0f} req/s) ...",
-              flush=True)
+        print(f"running {side.tag('soak', both)} ({args.soak_duration:.0f} s at 70% of {batch.requests_per_s:.0f}"
+              " req/s) ...", flush=True)
         try:
             soak_result, soak = run_soak(wrk, max_rps=batch.requests_per_s, seconds=args.soak_duration,
-                                         workers=args.workers, connections=args.connections)
+                                         workers=args.workers, connections=args.connections, source=side.source)
         except Exception as exc:  # noqa: BLE001
-            failed["soak"] = f"{type(exc).__name__}: {exc}"
+            side.failed["soak"] = f"{type(exc).__name__}: {exc}"
         else:
-            paced_rows.append(soak_result)
+            side.paced.append(soak_result)
             report["soak"] = {**soak.__dict__, "ok": soak.ok and not soak_result.problems,
                               "vmrss_ok": soak.vmrss_ok}
-    if args.sweep:
-        sweep: list[Result] = []
-        report["sweep"] = []
-        for name in SWEEP_SCENARIOS:
-            for conns in args.sweep_connections:
-                print(f"sweep {name} at {conns} connections ({duration:.0f} s) ...", flush=True)
-                point = attempt(f"sweep {name} {conns}", partial(run_scenario, name, wrk, seconds=duration,
-                                                                 warmup=warmup, connections=conns,
-                                                                 workers=args.workers))
-                if point is not None:
-                    sweep.append(point)
-                    report["sweep"] = [r.as_dict() for r in sweep]
-        print(sweep_table(sweep))
+
+
+def _run_sweep(args: argparse.Namespace, wrk: str, duration: float, warmup: float, side: Side) -> None:
+    sweep: list[Result] = []
+    side.report["sweep"] = []
+    for name in SWEEP_SCENARIOS:
+        for conns in args.sweep_connections:
+            print(f"sweep {name} at {conns} connections ({duration:.0f} s) ...", flush=True)
+            try:
+                point = run_scenario(name, wrk, seconds=duration, warmup=warmup, connections=conns,
+                                     workers=args.workers)
+            except Exception as exc:  # noqa: BLE001 (a failed point must not lose the others)
+                side.failed[f"sweep {name} {conns}"] = f"{type(exc).__name__}: {exc}"
+                print(f"  sweep {name} {conns} failed: {side.failed[f'sweep {name} {conns}']}", file=sys.stderr,
+                      flush=True)
+                continue
+            sweep.append(point)
+            side.report["sweep"] = [r.as_dict() for r in sweep]
+    print(sweep_table(sweep))
 
 
 def _print_paced(report: dict[str, object]) -> None:

@@ -3,16 +3,20 @@
 For each scenario both runs measured: requests/s, the ratio to the baseline of
 the same run (`x base`), p99 and server CPU per request, old then new, with the
 change. The verdict says whether the change stands out from the runs' own
-noise: when both runs have several rounds (`python -m bench --repeat 3`), a
-scenario is `faster` or `slower` only when the ranges of its per-round ratios
+noise: when both runs have at least three rounds (`python -m bench --repeat 3`),
+a scenario is `faster` or `slower` only when the ranges of its per-round ratios
 (requests/s for the baseline itself) do not overlap, and `noise` when they do.
-Runs of one round cannot tell noise from change: their verdict is `?`.
+That is a rank test at its extreme: two runs of identical code, n and m rounds,
+fail to overlap by chance once in C(n+m, n)/2 comparisons (1 in 10 for 3 and 3,
+1 in 126 for 5 and 5); the output says which. Fewer rounds cannot tell noise
+from change: their verdict is `?`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +24,7 @@ from typing import Any
 
 SETTINGS = ("workers", "connections", "duration", "warmup")
 FIGURES = ("requests_per_s", "p99_ms", "cpu_ms_per_request")
+MIN_ROUNDS = 3  # with 2 and 2, identical code would be called faster or slower 1 time in 3
 
 
 def _is_number(value: object) -> bool:
@@ -87,8 +92,8 @@ class Run:
 
 
 def verdict(old: Sequence[float], new: Sequence[float]) -> str:
-    """`faster`/`slower` when the per-round ranges do not overlap, `noise` when they do, `?` without rounds."""
-    if len(old) < 2 or len(new) < 2:
+    """`faster`/`slower` when the per-round ranges do not overlap, `noise` when they do, `?` under MIN_ROUNDS."""
+    if len(old) < MIN_ROUNDS or len(new) < MIN_ROUNDS:
         return "?"
     if min(new) > max(old):
         return "faster"
@@ -132,12 +137,14 @@ def compare(old: Run, new: Run) -> str:
     only = sorted(set(old.rows) ^ set(new.rows))
     if only:
         lines.append(f"measured in one run only: {', '.join(only)}")
-    if old.rounds and new.rounds:
+    n, m = len(old.rounds), len(new.rounds)
+    if min(n, m) >= MIN_ROUNDS:
         lines.append("verdict: faster/slower when the per-round ranges of x base (req/s for baseline) do not"
-                     " overlap, noise when they do")
+                     f" overlap, noise when they do; between identical code, {n} and {m} rounds give faster"
+                     f" or slower by chance 1 time in {math.comb(n + m, n) / 2:.0f}")
     else:
-        lines.append("verdict ?: a run of one round cannot tell a change from this host's noise;"
-                     " run both with --repeat 3")
+        lines.append(f"verdict ?: fewer than {MIN_ROUNDS} rounds a side cannot tell a change from this host's"
+                     " noise; run both with --repeat 3 (or 5)")
     return "\n".join(lines)
 
 

@@ -144,9 +144,11 @@ SCENARIOS = ("baseline", "single", "batch25", "batch25-gzip", "replay", "mixed-t
 
 
 def run_scenario(name: str, wrk: str, *, seconds: float, warmup: float, connections: int,
-                 workers: int = 1) -> Result:
+                 workers: int = 1, source: Path | None = None) -> Result:
+    """One scenario on a fresh server; `source`: another revision's tree to serve from (None: this one)."""
     if name == "signals-read":
-        return run_signals_read(wrk, seconds=seconds, warmup=warmup, connections=connections, workers=workers)
+        return run_signals_read(wrk, seconds=seconds, warmup=warmup, connections=connections, workers=workers,
+                                source=source)
     with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
         workdir = Path(tmp)
         tenants, key_file = write_tenants(workdir, 10_000 if name == "mixed-tenants" else 0)
@@ -165,7 +167,7 @@ def run_scenario(name: str, wrk: str, *, seconds: float, warmup: float, connecti
         elif name == "over-limit":
             key = SLOW_KEY
             note = "rateLimit 1: all but the first 120 requests are 429"
-        server = Collector(workdir, tenants, workers=workers)
+        server = Collector(workdir, tenants, workers=workers, source=source)
         try:
             url = server.url + path
             if name == "replay":  # store the batch once, so every measured request is a duplicate
@@ -228,7 +230,8 @@ def run_scenario(name: str, wrk: str, *, seconds: float, warmup: float, connecti
             server.stop()
 
 
-def run_signals_read(wrk: str, *, seconds: float, warmup: float, connections: int, workers: int = 1) -> Result:
+def run_signals_read(wrk: str, *, seconds: float, warmup: float, connections: int, workers: int = 1,
+                     source: Path | None = None) -> Result:
     """Snapshot reads of the batch25 visitor while batch25 ingest runs beside them.
 
     Half the connections read (GET /v1/signals/:visitorId with its sessionId:
@@ -241,7 +244,7 @@ def run_signals_read(wrk: str, *, seconds: float, warmup: float, connections: in
         body = workdir / "body.json"
         body.write_bytes(bodies.batch(25))
         sample = json.loads(body.read_bytes().replace(b"@ID@", b"x"))["events"][0]
-        server = Collector(workdir, tenants, workers=workers)
+        server = Collector(workdir, tenants, workers=workers, source=source)
         readers, writers = max(1, connections // 2), max(1, connections - connections // 2)
         try:
             ingest_argv = wrk_argv(wrk, server.url + "/v1/events", body, warmup + seconds + 1, writers)

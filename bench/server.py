@@ -51,7 +51,7 @@ class Collector:
     """`collector serve` (with `--workers N`: the parent and its workers, measured as one tree)."""
 
     def __init__(self, workdir: Path, tenants: Path, *, access_log: bool = True, workers: int = 1,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, source: Path | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.workers = workers
@@ -59,12 +59,16 @@ class Collector:
         # would change what is measured without showing anywhere (ignored_settings).
         base = {name: value for name, value in os.environ.items() if not name.startswith("COLLECTOR_")}
         env = dict(base, COLLECTOR_BENCH_ROUTES="1", COLLECTOR_ACCESS_LOG=str(access_log).lower(), **(env or {}))
+        if source is not None:
+            # Another revision's code (`--against`), ahead of the editable install
+            # of this tree on the path; it runs on this tree's virtualenv.
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(source), base.get("PYTHONPATH"))))
         log_path = os.environ.get("BENCH_SERVER_LOG") or str(workdir / "server.log")
         with open(log_path, "ab") as log:  # BENCH_SERVER_LOG=FILE keeps the server's log lines
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "collector", "serve", "--bind", f"127.0.0.1:{self.port}",
                  "--data-dir", str(workdir / "data"), "--tenants", str(tenants), "--workers", str(workers)],
-                stdout=subprocess.PIPE, stderr=log, env=env, text=True,
+                stdout=subprocess.PIPE, stderr=log, env=env, text=True, cwd=source,
             )
         try:
             line = self._first_line(START_TIMEOUT_S)

@@ -76,7 +76,7 @@ class Soak:
 
 def run_soak(wrk: str, *, max_rps: float, seconds: float, workers: int = 1,
              connections: int = 64, load_factor: float = LOAD_FACTOR,
-             scenario: str = "soak") -> tuple[Result, Soak]:
+             scenario: str = "soak", source: Path | None = None) -> tuple[Result, Soak]:
     """`connections` should be those max_rps was measured with: fewer cannot reach 70% of it.
 
     The same paced run at another `load_factor` is the `half-rate` scenario
@@ -89,7 +89,7 @@ def run_soak(wrk: str, *, max_rps: float, seconds: float, workers: int = 1,
         tenants, _ = write_tenants(workdir)
         body = workdir / "body.json"
         body.write_bytes(bodies.batch(25))
-        server = Collector(workdir, tenants, workers=workers)
+        server = Collector(workdir, tenants, workers=workers, source=source)
         try:
             url = server.url + "/v1/events"
             delay_ms = connections * 1000.0 / target

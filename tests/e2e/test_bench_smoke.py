@@ -110,6 +110,32 @@ def test_rounds_are_read_as_medians_and_two_runs_compare() -> None:
         assert compared.returncode == 0, compared.stderr
         verdicts = {line.split()[0]: line.split()[-1] for line in compared.stdout.splitlines()
                     if line.startswith(("baseline ", "single "))}
-        assert verdicts == {"baseline": "noise", "single": "noise"}
+        assert verdicts == {"baseline": "?", "single": "?"}  # two rounds are too few to tell
     finally:
         path.unlink()
+
+
+def test_against_serves_another_revision_beside_this_tree_and_compares() -> None:
+    before = set(RESULTS.glob("*.json"))
+    result = subprocess.run(
+        [sys.executable, "-m", "bench", "--scenarios", "baseline", "--duration", "1", "--warmup", "0",
+         "--against", "HEAD"], capture_output=True, text=True, timeout=180,
+    )
+    written = set(RESULTS.glob("*.json")) - before
+    try:
+        assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=RESULTS.parent).stdout.strip()
+        assert f"running baseline [old {head}]" in result.stdout and "running baseline [new " in result.stdout
+        old = [p for p in written if p.name.endswith(f"-old-{head}.json")]
+        assert len(written) == 2 and len(old) == 1
+        assert json.loads(old[0].read_text())["commit"] == head
+        assert any(line.startswith("baseline ") and line.split()[-1] == "?" for line in result.stdout.splitlines())
+        assert not _servers() and not list(Path(tempfile.gettempdir()).glob("bench-against-*"))
+        refused = subprocess.run([sys.executable, "-m", "bench", "--against", "no-such-rev"],
+                                 capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 2 and "--against: 'no-such-rev' is not a commit" in refused.stderr
+        assert "Traceback" not in refused.stderr
+    finally:
+        for path in written:
+            path.unlink()

@@ -73,10 +73,13 @@ def test_compare_calls_a_change_only_beyond_the_rounds_noise(tmp_path: Path) -> 
     single = Run.load(_report(tmp_path / "one.json", [(3000, 1200)]))
     text = compare(old, single)
     assert _verdicts(text) == {"baseline": "?", "batch25": "?"}
-    assert "run both with --repeat 3" in text
+    assert "run both with --repeat 3 (or 5)" in text
     line = next(line for line in text.splitlines() if line.startswith("batch25"))
     assert line.split()[1:4] == ["800", "1200", "+50%"]
-    assert verdict([1.0, 2.0], [2.0, 3.0]) == "noise"  # touching ranges are no evidence
+    assert verdict([1.0, 2.0, 1.5], [2.0, 3.0, 2.5]) == "noise"  # touching ranges are no evidence
+    # Two rounds a side: identical code would be called faster or slower 1 time in 3.
+    assert verdict([1.0, 1.1], [2.0, 2.1]) == "?"
+    assert "by chance 1 time in 10" in compare(old, faster)
 
 
 def test_compare_warns_when_the_runs_were_not_alike(tmp_path: Path) -> None:
@@ -97,3 +100,16 @@ def test_compare_refuses_what_is_not_a_bench_result(tmp_path: Path, content: str
     assert err.startswith(f"python -m bench.compare: {bad}: not a bench result") and err.count("\n") == 1
     assert main([str(tmp_path / "missing.json"), str(good)]) == 2
     assert "missing.json: No such file or directory" in capsys.readouterr().err
+
+
+def test_another_revision_is_exported_without_touching_the_repository(tmp_path: Path) -> None:
+    from bench.revision import ROOT, UnknownRevision, export
+
+    short = export("HEAD", tmp_path)
+    assert (tmp_path / "collector" / "__main__.py").is_file() and (tmp_path / "storage" / "writer.py").is_file()
+    assert not (tmp_path / ".git").exists() and len(short) >= 7
+    with pytest.raises(UnknownRevision, match="is not a commit"):
+        export("no-such-revision-anywhere", tmp_path / "x")
+    with pytest.raises(UnknownRevision, match="is not a commit"):
+        export("--output=/tmp/x", tmp_path / "y")  # never read as an option of git
+    assert (ROOT / ".git").exists()
