@@ -24,7 +24,7 @@ from functools import partial
 from pathlib import Path
 
 from bench.revision import UnknownRevision, describe_tree, export
-from bench.rounds import by_scenario, ratio_per_round, spread, summarise
+from bench.rounds import by_scenario, ratio_per_round, spread, summarise, summary_rows
 from bench.scenarios import SCENARIOS, Result, run_scenario
 from bench.server import Collector, ensure_wrk
 
@@ -206,7 +206,7 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser, names: lis
         report = side.report
         if interrupted:
             report["interrupted"] = interrupted
-        results = [summarise(runs) for runs in by_scenario(side.rounds).values()] + side.paced
+        results = summary_rows(side.rounds) + side.paced
         problems = problems or any(r.problems for r in results)
         report["results"] = [r.as_dict() for r in results]
         if both:
@@ -216,7 +216,8 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser, names: lis
             report["rounds"] = [[r.as_dict() for r in results_of_round] for results_of_round in side.rounds]
             report["ratios"], report["spreads"] = ratios, spreads
             if results:
-                print(f"medians of {len(side.rounds)} rounds; x base: the median of each round's ratio")
+                ran = sum(1 for results_of_round in side.rounds if results_of_round)
+                print(f"medians of {ran} rounds; x base: the median of each round's ratio")
                 print(table(results, ratios=ratios, spreads=spreads))
         elif results:
             print(table(results))

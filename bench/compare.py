@@ -28,7 +28,13 @@ MIN_ROUNDS = 3  # with 2 and 2, identical code would be called faster or slower 
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        float(value)
+    except OverflowError:  # an integer past a float's range
+        return False
+    return True
 
 
 class Run:
@@ -48,8 +54,8 @@ class Run:
             report = json.loads(path.read_text())
         except OSError as exc:
             raise ValueError(f"{path}: {exc.strerror}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{path}: not a bench result ({exc})") from None
+        except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8, an absurd number or nesting
+            raise ValueError(f"{path}: not a bench result ({str(exc) or type(exc).__name__})") from None
         if not isinstance(report, dict) or not isinstance(report.get("results"), list):
             raise ValueError(f"{path}: not a bench result (no results list)")
         rounds = report.get("rounds", [])
@@ -59,6 +65,11 @@ class Run:
             if not (isinstance(row, dict) and isinstance(row.get("scenario"), str)
                     and all(_is_number(row.get(name)) for name in FIGURES)):
                 raise ValueError(f"{path}: not a bench result (a row lacks scenario, {', '.join(FIGURES)})")
+            if not isinstance(row.get("problems", []), list):
+                raise ValueError(f"{path}: not a bench result (a row's problems are not a list)")
+        ratios = report.get("ratios", {})
+        if not isinstance(ratios, dict) or not all(_is_number(v) for v in ratios.values()):
+            raise ValueError(f"{path}: not a bench result (ratios are not numbers)")
         return cls(path, report)
 
     def ratio(self, scenario: str) -> float | None:
@@ -84,9 +95,26 @@ class Run:
                 values.append(float(row["requests_per_s"]) / float(base["requests_per_s"]))
         return values
 
+    def problems(self, scenario: str) -> list[str]:
+        """Why the run's own table flagged the scenario's row (timeouts, errors, refusals, a lost process)."""
+        row = self.rows.get(scenario) or {}
+        return [str(problem) for problem in row.get("problems", [])]
+
+    def rounds_run(self) -> int:
+        return sum(1 for rows in self.rounds if rows) if self.rounds else 1
+
+    def warnings(self, side: str) -> list[str]:
+        r, out = self.report, []
+        if r.get("interrupted"):
+            out.append(f"WARNING: the {side} run was interrupted ({r['interrupted']}): its rows hold what finished")
+        failed = r.get("failed")
+        if isinstance(failed, dict) and failed:
+            out.append(f"WARNING: in the {side} run, these failed: {', '.join(map(str, failed))}")
+        return out
+
     def label(self) -> str:
         r = self.report
-        return (f"{self.path.name}: commit {r.get('commit') or '?'}, {r.get('repeat', 1)} round(s),"
+        return (f"{self.path.name}: commit {r.get('commit') or '?'}, {self.rounds_run()} round(s),"
                 f" {r.get('workers', '?')} worker(s), {r.get('connections', '?')} connections,"
                 f" {r.get('duration', '?')} s")
 
@@ -113,35 +141,43 @@ def _num(value: float | None, spec: str) -> str:
 
 
 def compare(old: Run, new: Run) -> str:
-    lines = [f"old  {old.label()}", f"new  {new.label()}"]
+    lines = [f"old  {old.label()}", f"new  {new.label()}", *old.warnings("old"), *new.warnings("new")]
     for name in SETTINGS:
         if old.report.get(name) != new.report.get(name):
             lines.append(f"WARNING: the runs differ in {name} ({old.report.get(name)} vs {new.report.get(name)}):"
                          " read the changes with care")
-    head = (f"{'scenario':<14}{'req/s old':>10}{'new':>8}{'change':>8}{'x base old':>11}{'new':>6}"
-            f"{'p99 old':>9}{'new':>8}{'cpu ms/req old':>15}{'new':>7}{'change':>8}{'verdict':>9}")
+    head = (f"{'scenario':<14}{'req/s old':>10}{'new':>8}{'change':>8}{'x base old':>11}{'new':>6}{'change':>8}"
+            f"{'p99 old':>9}{'new':>8}{'cpu ms/req old':>15}{'new':>7}{'change':>8}{'verdict':>10}")
     lines += [head, "-" * len(head)]
+    flagged: list[str] = []
     for scenario, before in old.rows.items():
         after = new.rows.get(scenario)
         if after is None:
             continue
         rps_old, rps_new = float(before["requests_per_s"]), float(after["requests_per_s"])
         cpu_old, cpu_new = float(before["cpu_ms_per_request"]), float(after["cpu_ms_per_request"])
+        ratio_old, ratio_new = old.ratio(scenario), new.ratio(scenario)
+        problems = [f"{side}: {problem}" for side, run in (("old", old), ("new", new)) for problem in run.problems(scenario)]
+        # A row its own run flagged (errors, refusals, a lost process) is no evidence either way.
+        call = "untrusted" if problems else verdict(old.per_round(scenario), new.per_round(scenario))
+        flagged += [f"WARNING {scenario}: {problem}" for problem in problems]
         lines.append(
             f"{scenario:<14}{rps_old:>10.0f}{rps_new:>8.0f}{_change(rps_old, rps_new):>8}"
-            f"{_num(old.ratio(scenario), '.2f'):>11}{_num(new.ratio(scenario), '.2f'):>6}"
+            f"{_num(ratio_old, '.2f'):>11}{_num(ratio_new, '.2f'):>6}{_change(ratio_old, ratio_new):>8}"
             f"{float(before['p99_ms']):>9.1f}{float(after['p99_ms']):>8.1f}"
-            f"{cpu_old:>15.3f}{cpu_new:>7.3f}{_change(cpu_old, cpu_new):>8}"
-            f"{verdict(old.per_round(scenario), new.per_round(scenario)):>9}"
+            f"{cpu_old:>15.3f}{cpu_new:>7.3f}{_change(cpu_old, cpu_new):>8}{call:>10}"
         )
+    lines += flagged
     only = sorted(set(old.rows) ^ set(new.rows))
     if only:
         lines.append(f"measured in one run only: {', '.join(only)}")
-    n, m = len(old.rounds), len(new.rounds)
+    n, m = old.rounds_run() if old.rounds else 0, new.rounds_run() if new.rounds else 0
     if min(n, m) >= MIN_ROUNDS:
         lines.append("verdict: faster/slower when the per-round ranges of x base (req/s for baseline) do not"
                      f" overlap, noise when they do; between identical code, {n} and {m} rounds give faster"
-                     f" or slower by chance 1 time in {math.comb(n + m, n) / 2:.0f}")
+                     f" or slower by chance 1 time in {math.comb(n + m, n) / 2:.0f} for each row;"
+                     f" ? where a row has fewer than {MIN_ROUNDS} rounds a side (half-rate and soak run once);"
+                     " untrusted where either run flagged the row")
     else:
         lines.append(f"verdict ?: fewer than {MIN_ROUNDS} rounds a side cannot tell a change from this host's"
                      " noise; run both with --repeat 3 (or 5)")

@@ -29,20 +29,47 @@ def _median_or_none(values: Sequence[float | None]) -> float | None:
     return statistics.median(known) if len(known) == len(values) else None
 
 
-def summarise(runs: Sequence[Result]) -> Result:
-    """One row for one scenario's rounds: medians of the figures, sums of the counts, every problem kept."""
+def summarise(runs: Sequence[Result], numbers: Sequence[int] | None = None, of: int | None = None) -> Result:
+    """One row for one scenario's rounds: medians of the figures, sums of the counts, every problem kept.
+
+    `numbers`: the round each run came from (default 1, 2, ...), so that a
+    problem names its real round when another round failed; `of`: how many
+    rounds ran, so that a row measured in fewer says so.
+    """
     if not runs:
         raise ValueError("no runs to summarise")
+    numbers = list(numbers) if numbers is not None else list(range(1, len(runs) + 1))
+    missing = [f"measured in {len(runs)} of {of} rounds"] if of is not None and len(runs) < of else []
     if len(runs) == 1:
-        return runs[0]
+        if of is None or of == 1:
+            return runs[0]
+        return replace(runs[0], problems=[*missing, *(f"round {numbers[0]}: {p}" for p in runs[0].problems)],
+                       note=f"round {numbers[0]}: {runs[0].note}" if runs[0].note else "")
     first = runs[0]
     figures: dict[str, object] = {name: statistics.median(getattr(r, name) for r in runs) for name in MEDIAN_FIGURES}
     figures["cpu_s_per_1000_events"] = _median_or_none([r.cpu_s_per_1000_events for r in runs])
     figures["group_commit_size"] = _median_or_none([r.group_commit_size for r in runs])
     for name in SUMMED_COUNTS:
         figures[name] = sum(getattr(r, name) for r in runs)
-    problems = [f"round {n}: {problem}" for n, r in enumerate(runs, 1) for problem in r.problems]
-    return replace(first, problems=problems, **figures)  # type: ignore[arg-type]
+    problems = missing + [f"round {n}: {problem}" for n, r in zip(numbers, runs, strict=True) for problem in r.problems]
+    # A note may quote figures of its own round (signals-read's ingest beside the reads).
+    note = f"round {numbers[0]}: {first.note}" if first.note else ""
+    return replace(first, problems=problems, note=note, **figures)  # type: ignore[arg-type]
+
+
+def summary_rows(rounds: Sequence[Sequence[Result]]) -> list[Result]:
+    """One row per scenario, problems named by their real round.
+
+    A round with no result at all (interrupted before its first scenario
+    finished, or every scenario failed: both reported on their own) does not
+    count among the rounds a row is said to miss.
+    """
+    ran = sum(1 for results in rounds if results)
+    rows = []
+    for name in by_scenario(rounds):
+        numbered = [(n, r) for n, results in enumerate(rounds, 1) for r in results if r.scenario == name]
+        rows.append(summarise([r for _, r in numbered], [n for n, _ in numbered], of=ran))
+    return rows
 
 
 def ratio_per_round(rounds: Sequence[Sequence[Result]], scenario: str, reference: str = "baseline") -> list[float]:

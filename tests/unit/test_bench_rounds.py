@@ -9,7 +9,7 @@ import pytest
 
 from bench.__main__ import _round_figures, table
 from bench.compare import Run, compare, main, verdict
-from bench.rounds import by_scenario, ratio_per_round, spread, summarise
+from bench.rounds import by_scenario, ratio_per_round, spread, summarise, summary_rows
 from bench.scenarios import Result
 
 
@@ -89,7 +89,11 @@ def test_compare_warns_when_the_runs_were_not_alike(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("content", ["", "[]", '{"results": [{"scenario": "x"}]}', '{"results": [], "rounds": 3}',
-                                     "\xff"])
+                                     "\xff", '{"results": [], "ratios": {"batch25": null}}',
+                                     '{"results": [], "ratios": {"batch25": "abc"}}', "[" * 100_000,
+                                     '{"results": [{"scenario": "x", "requests_per_s": 1' + "0" * 400
+                                     + ', "p99_ms": 1, "cpu_ms_per_request": 1}]}',
+                                     '{"results": [], "n": 1' + "0" * 5000 + "}"])
 def test_compare_refuses_what_is_not_a_bench_result(tmp_path: Path, content: str,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.json"
@@ -113,3 +117,33 @@ def test_another_revision_is_exported_without_touching_the_repository(tmp_path: 
     with pytest.raises(UnknownRevision, match="is not a commit"):
         export("--output=/tmp/x", tmp_path / "y")  # never read as an option of git
     assert (ROOT / ".git").exists()
+
+
+def test_a_problem_names_its_real_round_when_another_round_failed() -> None:
+    # single failed in round 1 (no row) and was refused in round 3: the warning said "round 2" (helper-53).
+    rounds = [[_row("baseline", 3000)],
+              [_row("baseline", 3100), _row("single", 2000)],
+              [_row("baseline", 2900), _row("single", 1900, problems=["7 answers were not 2xx"])]]
+    rows = {r.scenario: r for r in summary_rows(rounds)}
+    assert rows["single"].problems == ["measured in 2 of 3 rounds", "round 3: 7 answers were not 2xx"]
+    assert rows["baseline"].problems == []
+    lone = summary_rows([[_row("baseline", 1)], [_row("baseline", 2), _row("single", 5, problems=["x"])]])
+    assert lone[1].problems == ["measured in 1 of 2 rounds", "round 2: x"]
+    # An interrupted round with nothing in it is not a round the rows missed.
+    assert summary_rows([[_row("baseline", 1)], []])[0].problems == []
+
+
+def test_compare_does_not_judge_a_row_its_own_run_flagged(tmp_path: Path) -> None:
+    old = Run.load(_report(tmp_path / "old.json", [(3000, 800), (2500, 700), (3200, 820)]))
+    new_path = _report(tmp_path / "new.json", [(3100, 1100), (2600, 950), (3000, 1050)])
+    report = json.loads(new_path.read_text())
+    report["results"][1]["problems"] = ["round 2: 2237 answers were not 2xx"]
+    report["interrupted"], report["failed"] = "SIGTERM", {"single (round 3)": "RuntimeError: boom"}
+    report["rounds"].append([])  # interrupted before round 4 had a result
+    new_path.write_text(json.dumps(report))
+    text = compare(old, Run.load(new_path))
+    assert _verdicts(text) == {"baseline": "noise", "batch25": "untrusted"}
+    assert "WARNING batch25: new: round 2: 2237 answers were not 2xx" in text
+    assert "WARNING: the new run was interrupted (SIGTERM)" in text
+    assert "WARNING: in the new run, these failed: single (round 3)" in text
+    assert "new  new.json: commit abc1234, 3 round(s)" in text
