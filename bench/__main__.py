@@ -165,15 +165,23 @@ def main() -> None:
     repeat = 1 if args.check else args.repeat
     if duration < 1 or args.soak_duration < 1 or warmup < 0:
         parser.error("--duration and --soak-duration must be at least 1 s, --warmup at least 0")
-    with tempfile.TemporaryDirectory(prefix="bench-against-") as tmp:
-        sides = [Side("new", describe_tree())]
-        if args.against is not None:
-            try:
-                commit = export(args.against, Path(tmp))
-            except UnknownRevision as exc:
-                parser.error(f"--against: {exc}")
-            sides.insert(0, Side("old", commit, Path(tmp)))
-        _bench(args, parser, names, duration, warmup, repeat, sides)
+    # Before anything slow (exporting a revision, installing wrk): a stop at
+    # any point then ends like Ctrl-C, with every server and temp directory gone.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _interrupt)
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-against-") as tmp:
+            sides = [Side("new", describe_tree())]
+            if args.against is not None:
+                try:
+                    commit = export(args.against, Path(tmp))
+                except UnknownRevision as exc:
+                    parser.error(f"--against: {exc}")
+                sides.insert(0, Side("old", commit, Path(tmp)))
+            _bench(args, parser, names, duration, warmup, repeat, sides)
+    except (KeyboardInterrupt, Interrupted) as stop:
+        print(f"\ninterrupted ({stop or 'SIGINT'})", file=sys.stderr, flush=True)
+        sys.exit(130)
 
 
 def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser, names: list[str], duration: float,
@@ -186,10 +194,14 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser, names: lis
     ignored = Collector.ignored_settings()
     if ignored:
         print(f"note: the servers run on their defaults; not passed on: {', '.join(ignored)}", flush=True)
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _interrupt)
     stamp = time.strftime("%Y%m%dT%H%M%S")
+    paths = {side.name: RESULTS / (f"{stamp}-old-{side.commit}.json" if side.source is not None else f"{stamp}.json")
+             for side in sides}
     for side in sides:
+        if len(sides) > 1:  # each file names the revision it was compared with and its partner file
+            partner = next(other for other in sides if other is not side)
+            side.report["against"] = {"rev": args.against, "old_commit": sides[0].commit,
+                                      "new_commit": sides[1].commit, "partner": paths[partner.name].name}
         side.report.update({"duration": duration, "warmup": warmup, "workers": args.workers,
                             "connections": args.connections, "repeat": repeat, "commit": side.commit,
                             "python": sys.version.split()[0], "ignored_settings": ignored, "failed": side.failed})
@@ -228,7 +240,7 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser, names: lis
             chart = write_chart(report["sweep"], RESULTS / f"{stamp}.png",  # type: ignore[arg-type]
                                 title=f"collector sweep {stamp}, {args.workers} worker(s), {duration:.0f} s per point")
             print(f"wrote {chart}")
-        out = RESULTS / (f"{stamp}-old-{side.commit}.json" if side.source is not None else f"{stamp}.json")
+        out = paths[side.name]
         out.write_text(json.dumps(report, indent=2))
         print(f"wrote {out}")
         side.report["path"] = str(out)
@@ -300,53 +312,60 @@ def _run(args: argparse.Namespace, names: list[str], wrk: str, duration: float, 
                 if result is not None:
                     side.rounds[-1].append(result)
     if any(name in PACED for name in names):
-        for side in sides:
-            _run_paced(args, names, wrk, duration, side, both, attempt)
+        _run_paced(args, names, wrk, duration, sides, attempt)
     if args.sweep:
         _run_sweep(args, wrk, duration, warmup, sides[0])
 
 
-def _run_paced(args: argparse.Namespace, names: list[str], wrk: str, duration: float, side: Side, both: bool,
+def _run_paced(args: argparse.Namespace, names: list[str], wrk: str, duration: float, sides: list[Side],
                attempt: Callable[[Side, str, Callable[[], Result]], Result | None]) -> None:
-    """half-rate and soak on one side, paced from its median batch25 (or a calibration run)."""
-    from bench.soak import run_soak
+    """half-rate and soak, paced from the median batch25 (or a 5 s calibration run).
 
-    report = side.report
-    batch_runs = by_scenario(side.rounds).get("batch25")
-    batch = summarise(batch_runs) if batch_runs else None
-    if batch is None:
-        print(f"calibrating{' ' + side.tag('', both).strip() if both else ''}: batch25 for 5 s to find the maximum"
-              " rate ...", flush=True)
-        batch = attempt(side, "calibration", partial(run_scenario, "batch25", wrk, seconds=5, warmup=1,
-                                                     connections=args.connections, workers=args.workers,
-                                                     source=side.source))
-        if batch is not None:
-            report["soak_calibration"] = batch.as_dict()
-    if batch is not None and "half-rate" in names:
-        print(f"running {side.tag('half-rate', both)} ({duration:.0f} s at 50% of {batch.requests_per_s:.0f}"
-              " req/s) ...", flush=True)
-        try:
-            half, paced = run_soak(wrk, max_rps=batch.requests_per_s, seconds=duration, workers=args.workers,
-                                   connections=args.connections, load_factor=0.5, scenario="half-rate",
-                                   source=side.source)
-        except Exception as exc:  # noqa: BLE001
-            side.failed["half-rate"] = f"{type(exc).__name__}: {exc}"
-        else:
-            side.paced.append(half)
-            report["half_rate"] = {"target_rps": paced.target_rps, "achieved_rps": paced.achieved_rps,
-                                   "p99_ms": half.p99_ms, "ok": half.p99_ms < 30.0 and not half.problems}
-    if batch is not None and "soak" in names:
-        print(f"running {side.tag('soak', both)} ({args.soak_duration:.0f} s at 70% of {batch.requests_per_s:.0f}"
-              " req/s) ...", flush=True)
-        try:
-            soak_result, soak = run_soak(wrk, max_rps=batch.requests_per_s, seconds=args.soak_duration,
-                                         workers=args.workers, connections=args.connections, source=side.source)
-        except Exception as exc:  # noqa: BLE001
-            side.failed["soak"] = f"{type(exc).__name__}: {exc}"
-        else:
-            side.paced.append(soak_result)
-            report["soak"] = {**soak.__dict__, "ok": soak.ok and not soak_result.problems,
-                              "vmrss_ok": soak.vmrss_ok}
+    With two sides both are paced at the same rate, the lower of their two
+    batch25 figures, and each paced scenario runs on both back to back: a
+    latency measured at different offered loads, or minutes apart on this
+    host, would compare the pacing and the host rather than the code.
+    """
+    from bench.soak import LOAD_FACTOR, run_soak
+
+    both = len(sides) > 1
+    rates: list[float] = []
+    for side in sides:
+        batch_runs = by_scenario(side.rounds).get("batch25")
+        batch = summarise(batch_runs) if batch_runs else None
+        if batch is None:
+            print(f"calibrating{' ' + side.tag('', both).strip() if both else ''}: batch25 for 5 s to find the"
+                  " maximum rate ...", flush=True)
+            batch = attempt(side, "calibration", partial(run_scenario, "batch25", wrk, seconds=5, warmup=1,
+                                                         connections=args.connections, workers=args.workers,
+                                                         source=side.source))
+            if batch is not None:
+                side.report["soak_calibration"] = batch.as_dict()
+        if batch is not None:  # else its failure is reported, and the pacing comes from the other side
+            rates.append(batch.requests_per_s)
+    if not rates:
+        return
+    max_rps = min(rates)
+    plans = [("half-rate", 0.5, duration), ("soak", LOAD_FACTOR, args.soak_duration)]
+    for number, (name, load, seconds) in enumerate(p for p in plans if p[0] in names):
+        for side in sides if number % 2 == 0 else sides[::-1]:
+            print(f"running {side.tag(name, both)} ({seconds:.0f} s at {load:.0%} of {max_rps:.0f} req/s) ...",
+                  flush=True)
+            try:
+                row, paced = run_soak(wrk, max_rps=max_rps, seconds=seconds, workers=args.workers,
+                                      connections=args.connections, load_factor=load, scenario=name,
+                                      source=side.source)
+            except Exception as exc:  # noqa: BLE001 (a failed scenario must not lose the others)
+                side.failed[name] = f"{type(exc).__name__}: {exc}"
+                print(f"  {side.tag(name, both)} failed: {side.failed[name]}", file=sys.stderr, flush=True)
+                continue
+            side.paced.append(row)
+            if name == "half-rate":
+                side.report["half_rate"] = {"target_rps": paced.target_rps, "achieved_rps": paced.achieved_rps,
+                                            "p99_ms": row.p99_ms, "ok": row.p99_ms < 30.0 and not row.problems}
+            else:
+                side.report["soak"] = {**paced.__dict__, "ok": paced.ok and not row.problems,
+                                       "vmrss_ok": paced.vmrss_ok}
 
 
 def _run_sweep(args: argparse.Namespace, wrk: str, duration: float, warmup: float, side: Side) -> None:

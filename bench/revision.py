@@ -40,7 +40,11 @@ def describe_tree() -> str:
 def export(rev: str, into: Path) -> str:
     """Extract revision `rev` of this repository into `into`; its short commit hash."""
     try:
-        resolved = _git("rev-parse", "--short", "--verify", "--end-of-options", f"{rev}^{{commit}}")
+        # Resolved first and peeled after: `^{commit}` appended to REV itself
+        # would break revisions that end in free text, such as `:/message`.
+        named = _git("rev-parse", "--verify", "--end-of-options", rev)
+        resolved = named if named.returncode != 0 else _git(
+            "rev-parse", "--short", "--verify", "--end-of-options", f"{str(named.stdout).strip()}^{{commit}}")
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise UnknownRevision(f"git could not be run: {exc}") from None
     if resolved.returncode != 0:

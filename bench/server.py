@@ -63,13 +63,13 @@ class Collector:
             # Another revision's code (`--against`), ahead of the editable install
             # of this tree on the path; it runs on this tree's virtualenv.
             env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(source), base.get("PYTHONPATH"))))
+        argv = [sys.executable, "-m", "collector", "serve", "--bind", f"127.0.0.1:{self.port}",
+                "--data-dir", str(workdir / "data"), "--tenants", str(tenants)]
+        if workers > 1:  # only then: revisions older than `--workers` still start
+            argv += ["--workers", str(workers)]
         log_path = os.environ.get("BENCH_SERVER_LOG") or str(workdir / "server.log")
         with open(log_path, "ab") as log:  # BENCH_SERVER_LOG=FILE keeps the server's log lines
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "collector", "serve", "--bind", f"127.0.0.1:{self.port}",
-                 "--data-dir", str(workdir / "data"), "--tenants", str(tenants), "--workers", str(workers)],
-                stdout=subprocess.PIPE, stderr=log, env=env, text=True, cwd=source,
-            )
+            self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, env=env, text=True, cwd=source)
         try:
             line = self._first_line(START_TIMEOUT_S)
             if "listening on" not in line:

@@ -115,27 +115,36 @@ def test_rounds_are_read_as_medians_and_two_runs_compare() -> None:
         path.unlink()
 
 
-def test_against_serves_another_revision_beside_this_tree_and_compares() -> None:
-    before = set(RESULTS.glob("*.json"))
+def test_against_serves_another_revision_beside_this_tree_and_compares(tmp_path: Path) -> None:
+    # Its own TMPDIR: what it leaves behind, and its servers, are told apart from anyone else's.
+    env = dict(os.environ, TMPDIR=str(tmp_path))
     result = subprocess.run(
-        [sys.executable, "-m", "bench", "--scenarios", "baseline", "--duration", "1", "--warmup", "0",
-         "--against", "HEAD"], capture_output=True, text=True, timeout=180,
+        [sys.executable, "-m", "bench", "--scenarios", "baseline,batch25,half-rate", "--duration", "1",
+         "--warmup", "0", "--against", "HEAD"], capture_output=True, text=True, timeout=300, env=env,
     )
-    written = set(RESULTS.glob("*.json")) - before
+    written = [Path(line.removeprefix("wrote ")) for line in result.stdout.splitlines() if line.startswith("wrote ")]
     try:
         assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=RESULTS.parent).stdout.strip()
-        assert f"running baseline [old {head}]" in result.stdout and "running baseline [new " in result.stdout
-        old = [p for p in written if p.name.endswith(f"-old-{head}.json")]
-        assert len(written) == 2 and len(old) == 1
-        assert json.loads(old[0].read_text())["commit"] == head
+        old_commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    cwd=RESULTS.parent).stdout.strip()
+        assert f"running baseline [old {old_commit}]" in result.stdout and "running baseline [new " in result.stdout
+        assert len(written) == 2 and written[0].name.endswith(f"-old-{old_commit}.json")
+        old, new = (json.loads(path.read_text()) for path in written)
+        assert old["commit"] == old_commit and new["commit"].startswith(old_commit)
+        pair = {"rev": "HEAD", "old_commit": old_commit, "new_commit": new["commit"]}
+        assert old["against"] == {**pair, "partner": written[1].name}
+        assert new["against"] == {**pair, "partner": written[0].name}
         assert any(line.startswith("baseline ") and line.split()[-1] == "?" for line in result.stdout.splitlines())
-        assert not _servers() and not list(Path(tempfile.gettempdir()).glob("bench-against-*"))
+        # Both sides paced at one rate: the lower of their batch25 figures (helper-54).
+        batch = [next(r["requests_per_s"] for r in report["results"] if r["scenario"] == "batch25")
+                 for report in (old, new)]
+        assert old["half_rate"]["target_rps"] == new["half_rate"]["target_rps"] == round(min(batch) / 2, 1)
+        assert list(tmp_path.iterdir()) == []  # the exported revision and the servers' directories are gone
+        assert not [line for line in _servers() if str(tmp_path) in line]
         refused = subprocess.run([sys.executable, "-m", "bench", "--against", "no-such-rev"],
                                  capture_output=True, text=True, timeout=60)
         assert refused.returncode == 2 and "--against: 'no-such-rev' is not a commit" in refused.stderr
         assert "Traceback" not in refused.stderr
     finally:
         for path in written:
-            path.unlink()
+            path.unlink(missing_ok=True)

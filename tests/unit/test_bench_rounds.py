@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -116,6 +118,12 @@ def test_another_revision_is_exported_without_touching_the_repository(tmp_path: 
         export("no-such-revision-anywhere", tmp_path / "x")
     with pytest.raises(UnknownRevision, match="is not a commit"):
         export("--output=/tmp/x", tmp_path / "y")  # never read as an option of git
+    with pytest.raises(UnknownRevision, match="is not a commit"):
+        export("HEAD^{tree}", tmp_path / "z")
+    # A revision ending in free text resolves (`^{commit}` appended to it had broken it; helper-54).
+    subject = subprocess.run(["git", "log", "-1", "--format=%s"], capture_output=True, text=True, cwd=ROOT).stdout
+    plain = re.match(r"[\w ,:]*", subject).group(0)[:40]  # a regex to git: no special characters
+    assert export(":/" + plain, tmp_path / "w") == short
     assert (ROOT / ".git").exists()
 
 
