@@ -4,7 +4,8 @@ Reads one snapshot, streaming every database with a cursor (memory grows
 with tenants and periods, not with events), and reports:
 
 - outbox continuity: every sequence from the retention low-water mark
-  (meta `outbox_retained_from`) up to the next-seq marker is present, keys
+  (meta `outbox_retained_from`, itself checked: 8 bytes, not past the head)
+  up to the next-seq marker is present, keys
   are 8 bytes, and each record decodes and carries the receipt of its seq;
 - every idempotency record decodes and names a receipt the outbox holds for
   that same (clientId, eid), unless retention removed that seq;
@@ -118,6 +119,14 @@ class _Checker:
         next_seq = int.from_bytes(raw_next, "big") if raw_next else 1
         retained_from = int.from_bytes(raw_retained, "big") if raw_retained else 0
         self.report.next_seq, self.report.retained_from = next_seq, retained_from
+        for name, raw in ((outbox.NEXT_SEQ, raw_next), (RETAINED_FROM, raw_retained)):
+            if raw is not None and len(raw) != 8:
+                self.problem(f"meta {name.decode()} is {len(raw)} bytes, not an 8-byte sequence number")
+        if retained_from > next_seq:
+            # Retention never moves the mark past the head: a damaged mark would
+            # excuse every missing seq below it as retention's doing.
+            self.problem(f"meta {RETAINED_FROM.decode()} ({retained_from}) is past the next-seq marker"
+                         f" {next_seq}: the outbox gaps below it cannot be told from lost rows")
         expected = max(retained_from, 1)  # the lowest seq that must still be present
         for key, value in self.txn.cursor(db=self.dbs.outbox):
             self.report.outbox_records += 1

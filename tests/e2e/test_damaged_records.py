@@ -10,7 +10,8 @@ import trio
 
 from storage.consent import consent_key
 from storage.idempotency import ledger_key
-from storage.outbox import seq_key
+from storage.outbox import NEXT_SEQ, seq_key
+from storage.retention import RETAINED_FROM
 from storage.visitors import visitor_key
 from tests.conftest import BROWSER_KEY, RunningServer, pageview, start_server
 from tests.e2e import test_signals_read as signals
@@ -51,6 +52,23 @@ async def test_check_and_dump_report_an_outbox_record_that_is_not_utf8(server: R
     assert len(lines) == 2
     for seq, line in zip((2, 3), lines, strict=True):
         assert line.startswith(f"collector: outbox seq {seq} does not decode, skipped: 'utf-8' codec")
+
+
+async def test_check_refuses_an_outbox_mark_that_would_hide_lost_rows(server: RunningServer) -> None:
+    await committed(server, 3)
+    rewrite_stored(server.data_dir, "outbox", seq_key(2), value=b"")  # a row lost below the head
+    status, out, _ = await trio.to_thread.run_sync(lambda: cli("check", data_dir=server.data_dir))
+    assert status == 1 and "outbox seq 2 does not decode" in out
+    rewrite_stored(server.data_dir, "meta", RETAINED_FROM, value=(50).to_bytes(8, "big"))
+    rewrite_stored(server.data_dir, "meta", NEXT_SEQ, value=b"\x00\x04")
+    status, out, _ = await trio.to_thread.run_sync(lambda: cli("check", data_dir=server.data_dir))
+    problems = json.loads(out)["problems"]
+    # A mark past the head once excused every gap below it (helper-48).
+    assert status == 1 and problems[:2] == [
+        "meta outbox_next_seq is 2 bytes, not an 8-byte sequence number",
+        "meta outbox_retained_from (50) is past the next-seq marker 4: the outbox gaps below it cannot be"
+        " told from lost rows",
+    ], problems
 
 
 async def test_retention_steps_over_records_that_do_not_decode(nursery: trio.Nursery, tmp_path: Path) -> None:
