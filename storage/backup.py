@@ -185,6 +185,10 @@ def restore(
     non_empty = occupied and any(target.iterdir())
     if non_empty and not force:
         raise BackupError(f"{target} is not empty; pass --force to replace it")
+    if non_empty and not (target / DATA_FILE).is_file():
+        # --force replaces a data directory, never whatever a mistyped path names (a home directory).
+        raise BackupError(f"{target} is not empty and is not a collector data directory (no {DATA_FILE});"
+                          " restore into an empty or new directory instead")
 
     target.parent.mkdir(parents=True, exist_ok=True)
     with _held_for_restore(target):
@@ -355,6 +359,18 @@ def _renew_node_id(staging: Path) -> None:
     finally:
         env.close()
     (staging / "lock.mdb").unlink(missing_ok=True)
+
+
+def node_id_of(directory: Path) -> str:
+    """The node id stored in a data directory no process has open (after a restore: its new one)."""
+    # lock=False: nothing else has it open, and a lock file made here is not ours to leave.
+    env = lmdb.open(str(directory), max_dbs=len(DB_NAMES) + 8, readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            raw = txn.get(b"node_id", db=env.open_db(b"meta", txn=txn, create=False))
+    finally:
+        env.close()
+    return bytes(raw).decode() if raw else ""
 
 
 def _in_use(directory: Path) -> bool:

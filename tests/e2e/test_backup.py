@@ -25,7 +25,11 @@ async def test_online_backup_restore_and_check(nursery: trio.Nursery, tmp_path: 
     assert (await server.client.post("/v1/events", json=pageview("b3"), headers=H)).status_code == 202
 
     restored = tmp_path / "restored"
-    await trio.to_thread.run_sync(lambda: run_cli("restore", str(dest), data_dir=restored))
+    printed = await trio.to_thread.run_sync(lambda: run_cli("restore", str(dest), data_dir=restored))
+    # The backup's node id and the restored directory's new one, both named (was: only the first).
+    said = json.loads(printed.stdout)
+    assert said["nodeId"] == manifest["nodeId"] and said["sha256"] == manifest["sha256"]
+    assert len(said["restoredNodeId"]) == 8 and said["restoredNodeId"] != manifest["nodeId"]
     dump = run_cli("outbox", "dump", data_dir=restored).stdout
     assert [json.loads(line)["eid"] for line in dump.splitlines()] == ["b1", "b2"]
     report = json.loads(run_cli("check", data_dir=restored).stdout)

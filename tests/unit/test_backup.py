@@ -224,6 +224,17 @@ def test_force_replaces_a_non_empty_directory(
     assert listing(tmp_path) == ["bk", "data", "other"]
 
 
+def test_force_replaces_only_a_data_directory(live: Storage, tmp_path: Path) -> None:
+    backup(live, tmp_path / "bk")
+    mistyped = tmp_path / "home"
+    (mistyped / "notes").mkdir(parents=True)
+    (mistyped / "notes" / "todo.txt").write_text("keep me")
+    with pytest.raises(BackupError, match="is not a collector data directory \\(no data.mdb\\)"):
+        restore(tmp_path / "bk", mistyped, force=True)
+    assert (mistyped / "notes" / "todo.txt").read_text() == "keep me"
+    assert sorted(p.name for p in mistyped.iterdir()) == ["notes"]
+
+
 def test_restore_through_a_symlinked_data_dir(live: Storage, tmp_path: Path) -> None:
     # DynamicUser makes /var/lib/collector a symlink into /var/lib/private.
     backup(live, tmp_path / "bk")
