@@ -394,7 +394,7 @@ async def _serve_http(
     is refused by Drain before it can commit). graceful_timeout bounds the
     whole drain.
     """
-    drain = Drain(app)
+    drain = Drain(app, access_log=app.services.settings.access_log)
     asgi = wrap_app(drain, config.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]
     config.set_statsd_logger_class(StatsdLogger)
     state: LifespanState = {}

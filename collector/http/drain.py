@@ -12,6 +12,7 @@ response may never reach the client.
 
 from __future__ import annotations
 
+import time
 from functools import partial
 from math import inf
 from typing import Any
@@ -19,14 +20,16 @@ from typing import Any
 import trio
 
 from collector.errors import ServiceError, render_error
-from collector.http.asgi import Receive, Scope, Send, send_response
+from collector.http.access_log import log_request
+from collector.http.asgi import Receive, Request, Scope, Send, send_response
 
 CLOSE = (b"connection", b"close")
 
 
 class Drain:
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, *, access_log: bool = False) -> None:
         self.app = app
+        self.access_log = access_log
         self.draining = False
         self.closing = False
         self.in_flight = 0
@@ -55,9 +58,14 @@ class Drain:
 
     async def _while_draining(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.closing:
+            started = time.perf_counter()
+            request = Request(scope)
             error = ServiceError("service_unavailable", "the collector is shutting down; retry")
-            headers = [*error.response_headers().items(), ("Connection", "close")]
+            headers = [*error.response_headers().items(), ("Connection", "close"),
+                       ("X-Request-ID", request.request_id)]
             await send_response(send, error.status, render_error(error), headers)
+            if self.access_log:  # the refusal is one of the requests the operator counts
+                log_request(request, "shutdown", error.status, error.code, None, started)
             return
         self.in_flight += 1
         self.last_start = trio.current_time()

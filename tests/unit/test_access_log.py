@@ -10,6 +10,7 @@ import pytest
 
 from collector.http import access_log
 from collector.http.asgi import Request
+from collector.http.drain import Drain
 
 
 def _logged_id(header: bytes, capsys: pytest.CaptureFixture[str]) -> str:
@@ -35,3 +36,35 @@ def test_a_request_id_is_logged_as_the_utf8_sent_without_c1_controls(
     monkeypatch.setattr(access_log.access, "level", logging.INFO)
     assert _logged_id("café-1".encode(), capsys) == "café-1"
     assert _logged_id("x\u009b31m-y".encode(), capsys) == "x\ufffd31m-y"
+
+
+async def test_a_request_refused_as_the_server_closes_is_logged(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The 503 of a request that races the final close wrote no access line (stop 17's note).
+    monkeypatch.setattr(access_log.access, "level", logging.INFO)
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        raise AssertionError("a closing server passes nothing on")
+
+    sent: list[dict[str, object]] = []
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    drain = Drain(app, access_log=True)
+    drain.start_draining()
+    drain.closing = True
+    scope = {"type": "http", "method": "POST", "path": "/v1/events", "headers": [(b"x-request-id", b"r-1")]}
+    await drain(scope, receive, send)
+    access_log.flush()
+    line = json.loads(capsys.readouterr().err.splitlines()[-1])
+    assert (line["route"], line["status"], line["error"], line["requestId"]) == (
+        "shutdown", 503, "service_unavailable", "r-1")
+    head = sent[0]
+    assert head["status"] == 503
+    headers = {bytes(k).lower(): bytes(v) for k, v in head["headers"]}  # type: ignore[attr-defined]
+    assert headers[b"x-request-id"] == b"r-1" and headers[b"connection"] == b"close"
