@@ -168,7 +168,8 @@ def main() -> None:
     # Before anything slow (exporting a revision, installing wrk): a stop at
     # any point then ends like Ctrl-C, with every server and temp directory gone.
     for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _interrupt)
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # `nohup python -m bench` keeps running at logout
+            signal.signal(signum, _interrupt)
     try:
         with tempfile.TemporaryDirectory(prefix="bench-against-") as tmp:
             sides = [Side("new", describe_tree())]
@@ -180,7 +181,7 @@ def main() -> None:
                 sides.insert(0, Side("old", commit, Path(tmp)))
             _bench(args, parser, names, duration, warmup, repeat, sides)
     except (KeyboardInterrupt, Interrupted) as stop:
-        print(f"\ninterrupted ({stop or 'SIGINT'})", file=sys.stderr, flush=True)
+        print(f"\ninterrupted ({str(stop) or 'SIGINT'})", file=sys.stderr, flush=True)
         sys.exit(130)
 
 
@@ -227,9 +228,10 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser, names: lis
             ratios, spreads = _round_figures(side.rounds, results)
             report["rounds"] = [[r.as_dict() for r in results_of_round] for results_of_round in side.rounds]
             report["ratios"], report["spreads"] = ratios, spreads
-            if results:
-                ran = sum(1 for results_of_round in side.rounds if results_of_round)
+            ran = sum(1 for results_of_round in side.rounds if results_of_round)
+            if ran:  # a run of paced scenarios only has no rounds to take medians of
                 print(f"medians of {ran} rounds; x base: the median of each round's ratio")
+            if results:
                 print(table(results, ratios=ratios, spreads=spreads))
         elif results:
             print(table(results))
@@ -329,7 +331,7 @@ def _run_paced(args: argparse.Namespace, names: list[str], wrk: str, duration: f
     from bench.soak import LOAD_FACTOR, run_soak
 
     both = len(sides) > 1
-    rates: list[float] = []
+    rates: list[tuple[bool, float, str]] = []  # (flagged, requests/s, whose)
     for side in sides:
         batch_runs = by_scenario(side.rounds).get("batch25")
         batch = summarise(batch_runs) if batch_runs else None
@@ -341,11 +343,19 @@ def _run_paced(args: argparse.Namespace, names: list[str], wrk: str, duration: f
                                                          source=side.source))
             if batch is not None:
                 side.report["soak_calibration"] = batch.as_dict()
-        if batch is not None:  # else its failure is reported, and the pacing comes from the other side
-            rates.append(batch.requests_per_s)
-    if not rates:
+        if batch is not None and batch.requests_per_s > 0:  # else its failure is reported
+            rates.append((bool(batch.problems), batch.requests_per_s, side.tag("batch25", both)))
+    # A flagged batch25 (timeouts, errors) paces only when no clean one exists:
+    # one broken side must not set a trivial load for the healthy one.
+    clean = [rate for rate in rates if not rate[0]] or rates
+    if not clean:
         return
-    max_rps = min(rates)
+    flagged, max_rps, whose = min(clean, key=lambda rate: rate[1])
+    pace = {"max_rps": max_rps, "from": whose, "from_flagged_row": flagged}
+    if flagged:
+        print(f"WARNING: pacing from {whose}, whose row is flagged: the paced rows are flagged too", flush=True)
+    for side in sides:
+        side.report["paced_from"] = pace
     plans = [("half-rate", 0.5, duration), ("soak", LOAD_FACTOR, args.soak_duration)]
     for number, (name, load, seconds) in enumerate(p for p in plans if p[0] in names):
         for side in sides if number % 2 == 0 else sides[::-1]:
@@ -359,6 +369,8 @@ def _run_paced(args: argparse.Namespace, names: list[str], wrk: str, duration: f
                 side.failed[name] = f"{type(exc).__name__}: {exc}"
                 print(f"  {side.tag(name, both)} failed: {side.failed[name]}", file=sys.stderr, flush=True)
                 continue
+            if flagged:
+                row.problems.append(f"paced from {whose}, a row flagged for its own problems")
             side.paced.append(row)
             if name == "half-rate":
                 side.report["half_rate"] = {"target_rps": paced.target_rps, "achieved_rps": paced.achieved_rps,

@@ -8,8 +8,13 @@ a scenario is `faster` or `slower` only when the ranges of its per-round ratios
 (requests/s for the baseline itself) do not overlap, and `noise` when they do.
 That is a rank test at its extreme: two runs of identical code, n and m rounds,
 fail to overlap by chance once in C(n+m, n)/2 comparisons (1 in 10 for 3 and 3,
-1 in 126 for 5 and 5); the output says which. Fewer rounds cannot tell noise
-from change: their verdict is `?`.
+1 in 126 for 5 and 5); the output says which, for each row. Fewer rounds cannot
+tell noise from change: their verdict is `?`, as for the paced `half-rate` and
+`soak` (run once; their rate is the pace the bench set, so only their p99 and
+CPU compare). A row either run flagged (its own table's WARNING: errors,
+refusals, a lost process) is `untrusted`, its warnings repeated beneath; an
+interrupted run, failed scenarios and differing settings are named at the top.
+A file that is not a bench result is refused with one line and exit 2.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 
 SETTINGS = ("workers", "connections", "duration", "warmup")
 FIGURES = ("requests_per_s", "p99_ms", "cpu_ms_per_request")
+PACED = ("half-rate", "soak")  # run at a rate the bench sets: compare their p99 and CPU, not their rate
 MIN_ROUNDS = 3  # with 2 and 2, identical code would be called faster or slower 1 time in 3
 
 
@@ -35,6 +41,11 @@ def _is_number(value: object) -> bool:
     except OverflowError:  # an integer past a float's range
         return False
     return True
+
+
+def _not_json(constant: str) -> float:
+    """NaN and Infinity: Python's json reads them, no bench writes them, and they compare as nonsense."""
+    raise ValueError(f"{constant} is not a JSON number")
 
 
 class Run:
@@ -51,7 +62,9 @@ class Run:
     @classmethod
     def load(cls, path: Path) -> Run:
         try:
-            report = json.loads(path.read_text())
+            report = json.loads(path.read_text(), parse_constant=_not_json)
+            # A lone surrogate escape ("\\ud800") decodes but cannot be printed.
+            json.dumps(report, ensure_ascii=False).encode()
         except OSError as exc:
             raise ValueError(f"{path}: {exc.strerror}") from None
         except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8, an absurd number or nesting
@@ -67,6 +80,8 @@ class Run:
                 raise ValueError(f"{path}: not a bench result (a row lacks scenario, {', '.join(FIGURES)})")
             if not isinstance(row.get("problems", []), list):
                 raise ValueError(f"{path}: not a bench result (a row's problems are not a list)")
+        if not isinstance(report.get("failed", {}), dict) or not isinstance(report.get("interrupted", ""), str):
+            raise ValueError(f"{path}: not a bench result (failed is not an object or interrupted not a string)")
         ratios = report.get("ratios", {})
         if not isinstance(ratios, dict) or not all(_is_number(v) for v in ratios.values()):
             raise ValueError(f"{path}: not a bench result (ratios are not numbers)")
@@ -161,13 +176,20 @@ def compare(old: Run, new: Run) -> str:
         # A row its own run flagged (errors, refusals, a lost process) is no evidence either way.
         call = "untrusted" if problems else verdict(old.per_round(scenario), new.per_round(scenario))
         flagged += [f"WARNING {scenario}: {problem}" for problem in problems]
+        # A paced row's rate is the pace the bench set, not what the code reached: its changes say nothing.
+        paced = scenario in PACED
         lines.append(
-            f"{scenario:<14}{rps_old:>10.0f}{rps_new:>8.0f}{_change(rps_old, rps_new):>8}"
-            f"{_num(ratio_old, '.2f'):>11}{_num(ratio_new, '.2f'):>6}{_change(ratio_old, ratio_new):>8}"
+            f"{scenario:<14}{rps_old:>10.0f}{rps_new:>8.0f}{'-' if paced else _change(rps_old, rps_new):>8}"
+            f"{_num(ratio_old, '.2f'):>11}{_num(ratio_new, '.2f'):>6}"
+            f"{'-' if paced else _change(ratio_old, ratio_new):>8}"
             f"{float(before['p99_ms']):>9.1f}{float(after['p99_ms']):>8.1f}"
             f"{cpu_old:>15.3f}{cpu_new:>7.3f}{_change(cpu_old, cpu_new):>8}{call:>10}"
         )
     lines += flagged
+    paced_seen = [name for name in PACED if name in old.rows and name in new.rows]
+    if paced_seen:
+        lines.append(f"{', '.join(paced_seen)}: paced at a rate the bench set (with --against, one rate for both"
+                     " sides), so their req/s and x base changes are shown as -; read their p99 and CPU")
     only = sorted(set(old.rows) ^ set(new.rows))
     if only:
         lines.append(f"measured in one run only: {', '.join(only)}")
@@ -175,7 +197,7 @@ def compare(old: Run, new: Run) -> str:
     if min(n, m) >= MIN_ROUNDS:
         lines.append("verdict: faster/slower when the per-round ranges of x base (req/s for baseline) do not"
                      f" overlap, noise when they do; between identical code, {n} and {m} rounds give faster"
-                     f" or slower by chance 1 time in {math.comb(n + m, n) / 2:.0f} for each row;"
+                     f" or slower by chance 1 time in {math.comb(n + m, n) // 2} for each row;"
                      f" ? where a row has fewer than {MIN_ROUNDS} rounds a side (half-rate and soak run once);"
                      " untrusted where either run flagged the row")
     else:

@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -95,7 +96,12 @@ def test_compare_warns_when_the_runs_were_not_alike(tmp_path: Path) -> None:
                                      '{"results": [], "ratios": {"batch25": "abc"}}', "[" * 100_000,
                                      '{"results": [{"scenario": "x", "requests_per_s": 1' + "0" * 400
                                      + ', "p99_ms": 1, "cpu_ms_per_request": 1}]}',
-                                     '{"results": [], "n": 1' + "0" * 5000 + "}"])
+                                     '{"results": [], "n": 1' + "0" * 5000 + "}",
+                                     # helper-55: a lone surrogate (unprintable), NaN, wrong types
+                                     '{"results": [], "commit": "\\ud800"}',
+                                     '{"results": [{"scenario": "x", "requests_per_s": NaN, "p99_ms": 1,'
+                                     ' "cpu_ms_per_request": 1}]}',
+                                     '{"results": [], "failed": ["a"]}', '{"results": [], "interrupted": 5}'])
 def test_compare_refuses_what_is_not_a_bench_result(tmp_path: Path, content: str,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.json"
@@ -155,3 +161,49 @@ def test_compare_does_not_judge_a_row_its_own_run_flagged(tmp_path: Path) -> Non
     assert "WARNING: the new run was interrupted (SIGTERM)" in text
     assert "WARNING: in the new run, these failed: single (round 3)" in text
     assert "new  new.json: commit abc1234, 3 round(s)" in text
+
+
+def test_compare_reads_many_rounds_and_says_paced_rates_are_not_the_codes(tmp_path: Path) -> None:
+    # 520 rounds a side overflowed the chance's float (helper-55).
+    many = Run.load(_report(tmp_path / "many.json", [(3000, 800)] * 520))
+    assert "by chance 1 time in " in compare(many, many)
+    old_path, new_path = _report(tmp_path / "old.json", [(3000, 800)]), _report(tmp_path / "new.json", [(3300, 800)])
+    for path, p99 in ((old_path, 20.0), (new_path, 31.0)):
+        report = json.loads(path.read_text())
+        report["results"].append({**report["results"][1], "scenario": "half-rate", "requests_per_s": 400 + p99,
+                                  "p99_ms": p99})
+        path.write_text(json.dumps(report))
+    text = compare(Run.load(old_path), Run.load(new_path))
+    half = next(line for line in text.splitlines() if line.startswith("half-rate")).split()
+    assert half[3] == "-" and half[6] == "-" and half[7:9] == ["20.0", "31.0"]
+    assert "half-rate: paced at a rate the bench set" in text
+
+
+def test_a_broken_side_does_not_set_the_pace_of_the_healthy_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    import bench.soak
+    from bench.__main__ import Side, _run_paced
+
+    paced: list[tuple[str, float]] = []
+
+    def run_soak(wrk: str, *, max_rps: float, scenario: str, source: Path | None, **_: object) -> tuple[Result, Any]:
+        paced.append((str(source), max_rps))
+        figures = type("Paced", (), {"target_rps": max_rps / 2, "achieved_rps": max_rps / 2})()
+        return _row(scenario, max_rps / 2), figures
+
+    monkeypatch.setattr(bench.soak, "run_soak", run_soak)
+    old, new = Side("old", "abc", Path("/tmp/old-tree")), Side("new", "def")
+    old.rounds = [[_row("batch25", 40, problems=["12 requests timed out"])]]
+    new.rounds = [[_row("batch25", 800)]]
+    args = argparse.Namespace(connections=64, workers=1, soak_duration=10.0)
+    _run_paced(args, ["half-rate"], "wrk", 1.0, [old, new], lambda side, name, run: run())
+    assert paced == [("/tmp/old-tree", 800), ("None", 800)]  # was 40: the flagged row's rate, for both
+    assert old.report["paced_from"] == {"max_rps": 800, "from": "batch25 [new def]", "from_flagged_row": False}
+    assert not old.paced[0].problems
+    # Both flagged: the lower paces, and the paced rows say they inherit it.
+    new.rounds = [[_row("batch25", 700, problems=["errors"])]]
+    paced.clear()
+    _run_paced(args, ["half-rate"], "wrk", 1.0, [old, new], lambda side, name, run: run())
+    assert paced == [("/tmp/old-tree", 40), ("None", 40)]
+    assert new.paced[-1].problems == ["paced from batch25 [old abc], a row flagged for its own problems"]
