@@ -6,9 +6,12 @@ change. The verdict says whether the change stands out from the runs' own
 noise: when both runs have at least three rounds (`python -m bench --repeat 3`),
 a scenario is `faster` or `slower` only when the ranges of its per-round ratios
 (requests/s for the baseline itself) do not overlap, and `noise` when they do.
-That is a rank test at its extreme: two runs of identical code, n and m rounds,
-fail to overlap by chance once in C(n+m, n)/2 comparisons (1 in 10 for 3 and 3,
-1 in 126 for 5 and 5); the output says which, for each row. Fewer rounds cannot
+That is a rank test at its extreme: two runs of identical code, n and m
+rounds, fail to overlap by chance once in C(n+m, n)/2 comparisons (1 in 10 for
+3 and 3, 1 in 126 for 5 and 5); the output says which, for each row. The `cpu`
+column applies the same test to server CPU per request (`less`, `more`,
+`noise`), which needs no baseline: a change to the HTTP stack moves the
+baseline and so every row's ratio. Fewer rounds cannot
 tell noise from change: their verdict is `?`, as for the paced `half-rate` and
 `soak` (run once; their rate is the pace the bench set, so only their p99 and
 CPU compare). A row either run flagged (its own table's WARNING: errors,
@@ -110,6 +113,10 @@ class Run:
                 values.append(float(row["requests_per_s"]) / float(base["requests_per_s"]))
         return values
 
+    def cpu_per_round(self, scenario: str) -> list[float]:
+        """The scenario's server CPU per request in each round (absolute: no ratio to take)."""
+        return [float(rows[scenario]["cpu_ms_per_request"]) for rows in self.rounds if scenario in rows]
+
     def problems(self, scenario: str) -> list[str]:
         """Why the run's own table flagged the scenario's row (timeouts, errors, refusals, a lost process)."""
         row = self.rows.get(scenario) or {}
@@ -145,6 +152,11 @@ def verdict(old: Sequence[float], new: Sequence[float]) -> str:
     return "noise"
 
 
+def cpu_verdict(old: Sequence[float], new: Sequence[float]) -> str:
+    """The same test on CPU per request: `less` or `more` beyond the rounds' noise."""
+    return {"faster": "more", "slower": "less"}.get(verdict(old, new), verdict(old, new))
+
+
 def _change(old: float | None, new: float | None) -> str:
     if old is None or new is None or not old:
         return "-"
@@ -162,7 +174,7 @@ def compare(old: Run, new: Run) -> str:
             lines.append(f"WARNING: the runs differ in {name} ({old.report.get(name)} vs {new.report.get(name)}):"
                          " read the changes with care")
     head = (f"{'scenario':<14}{'req/s old':>10}{'new':>8}{'change':>8}{'x base old':>11}{'new':>6}{'change':>8}"
-            f"{'p99 old':>9}{'new':>8}{'cpu ms/req old':>15}{'new':>7}{'change':>8}{'verdict':>10}")
+            f"{'p99 old':>9}{'new':>8}{'cpu ms/req old':>15}{'new':>7}{'change':>8}{'cpu':>7}{'verdict':>10}")
     lines += [head, "-" * len(head)]
     flagged: list[str] = []
     for scenario, before in old.rows.items():
@@ -175,6 +187,7 @@ def compare(old: Run, new: Run) -> str:
         problems = [f"{side}: {problem}" for side, run in (("old", old), ("new", new)) for problem in run.problems(scenario)]
         # A row its own run flagged (errors, refusals, a lost process) is no evidence either way.
         call = "untrusted" if problems else verdict(old.per_round(scenario), new.per_round(scenario))
+        cpu_call = "-" if problems else cpu_verdict(old.cpu_per_round(scenario), new.cpu_per_round(scenario))
         flagged += [f"WARNING {scenario}: {problem}" for problem in problems]
         # A paced row's rate is the pace the bench set, not what the code reached: its changes say nothing.
         paced = scenario in PACED
@@ -183,7 +196,7 @@ def compare(old: Run, new: Run) -> str:
             f"{_num(ratio_old, '.2f'):>11}{_num(ratio_new, '.2f'):>6}"
             f"{'-' if paced else _change(ratio_old, ratio_new):>8}"
             f"{float(before['p99_ms']):>9.1f}{float(after['p99_ms']):>8.1f}"
-            f"{cpu_old:>15.3f}{cpu_new:>7.3f}{_change(cpu_old, cpu_new):>8}{call:>10}"
+            f"{cpu_old:>15.3f}{cpu_new:>7.3f}{_change(cpu_old, cpu_new):>8}{cpu_call:>7}{call:>10}"
         )
     lines += flagged
     paced_seen = [name for name in PACED if name in old.rows and name in new.rows]
@@ -199,7 +212,10 @@ def compare(old: Run, new: Run) -> str:
                      f" overlap, noise when they do; between identical code, {n} and {m} rounds give faster"
                      f" or slower by chance 1 time in {math.comb(n + m, n) // 2} for each row;"
                      f" ? where a row has fewer than {MIN_ROUNDS} rounds a side (half-rate and soak run once);"
-                     " untrusted where either run flagged the row")
+                     " untrusted where either run flagged the row. x base is relative to the same tree's"
+                     " baseline: a change to the HTTP stack the baseline measures moves it for every row, so"
+                     " read it beside `cpu`, the same test on server CPU per request (less/more/noise),"
+                     " which is absolute")
     else:
         lines.append(f"verdict ?: fewer than {MIN_ROUNDS} rounds a side cannot tell a change from this host's"
                      " noise; run both with --repeat 3 (or 5)")

@@ -53,9 +53,11 @@ def test_the_ratio_is_taken_within_each_round_then_its_median() -> None:
 
 
 def _report(path: Path, per_round: list[tuple[float, float]], **settings: object) -> Path:
-    rounds = [[_row("baseline", base).as_dict(), _row("batch25", batch).as_dict()] for base, batch in per_round]
+    # batch25's CPU per request falls as its rate rises; the baseline's stays put.
+    rounds = [[_row("baseline", base).as_dict(), _row("batch25", batch, cpu=1000 / batch).as_dict()]
+              for base, batch in per_round]
     results = [summarise([_row("baseline", b) for b, _ in per_round]).as_dict(),
-               summarise([_row("batch25", b) for _, b in per_round]).as_dict()]
+               summarise([_row("batch25", b, cpu=1000 / b) for _, b in per_round]).as_dict()]
     report: dict[str, object] = {"results": results, "commit": "abc1234", "repeat": len(per_round),
                                  "workers": 1, "connections": 64, "duration": 10.0, "warmup": 2.0, **settings}
     if len(per_round) > 1:
@@ -73,6 +75,11 @@ def test_compare_calls_a_change_only_beyond_the_rounds_noise(tmp_path: Path) -> 
     faster = Run.load(_report(tmp_path / "new.json", [(3100, 1100), (2600, 950), (3000, 1050)]))
     assert _verdicts(compare(old, faster)) == {"baseline": "noise", "batch25": "faster"}
     assert _verdicts(compare(faster, old)) == {"baseline": "noise", "batch25": "slower"}
+    # The same test on CPU per request, which no baseline divides: less, more, noise.
+    cpu = {line.split()[0]: line.split()[-2] for line in compare(old, faster).splitlines()
+           if line.split()[0] in ("baseline", "batch25")}
+    assert cpu == {"baseline": "noise", "batch25": "less"}
+    assert "batch25" in compare(faster, old) and " more " in compare(faster, old)
     single = Run.load(_report(tmp_path / "one.json", [(3000, 1200)]))
     text = compare(old, single)
     assert _verdicts(text) == {"baseline": "?", "batch25": "?"}
@@ -157,6 +164,7 @@ def test_compare_does_not_judge_a_row_its_own_run_flagged(tmp_path: Path) -> Non
     new_path.write_text(json.dumps(report))
     text = compare(old, Run.load(new_path))
     assert _verdicts(text) == {"baseline": "noise", "batch25": "untrusted"}
+    assert next(line for line in text.splitlines() if line.startswith("batch25")).split()[-2] == "-"
     assert "WARNING batch25: new: round 2: 2237 answers were not 2xx" in text
     assert "WARNING: the new run was interrupted (SIGTERM)" in text
     assert "WARNING: in the new run, these failed: single (round 3)" in text
