@@ -24,7 +24,7 @@ from functools import partial
 from pathlib import Path
 
 from bench.revision import UnknownRevision, describe_tree, export
-from bench.rounds import by_scenario, ratio_per_round, spread, summarise, summary_rows
+from bench.rounds import by_scenario, ratio_per_round, spread, summary_rows
 from bench.scenarios import SCENARIOS, Result, run_scenario
 from bench.server import Collector, ensure_wrk
 
@@ -331,33 +331,38 @@ def _run_paced(args: argparse.Namespace, names: list[str], wrk: str, duration: f
     from bench.soak import LOAD_FACTOR, run_soak
 
     both = len(sides) > 1
-    rates: list[tuple[bool, float, str]] = []  # (flagged, requests/s, whose)
+    rates: list[tuple[float, bool, str]] = []  # (requests/s, flagged, whose)
     for side in sides:
-        batch_runs = by_scenario(side.rounds).get("batch25")
-        batch = summarise(batch_runs) if batch_runs else None
+        batch = next((row for row in summary_rows(side.rounds) if row.scenario == "batch25"), None)
+        whose = side.tag("batch25", both)
         if batch is None:
             print(f"calibrating{' ' + side.tag('', both).strip() if both else ''}: batch25 for 5 s to find the"
                   " maximum rate ...", flush=True)
             batch = attempt(side, "calibration", partial(run_scenario, "batch25", wrk, seconds=5, warmup=1,
                                                          connections=args.connections, workers=args.workers,
                                                          source=side.source))
+            whose = side.tag("calibration", both)
             if batch is not None:
                 side.report["soak_calibration"] = batch.as_dict()
-        if batch is not None and batch.requests_per_s > 0:  # else its failure is reported
-            rates.append((bool(batch.problems), batch.requests_per_s, side.tag("batch25", both)))
-    # A flagged batch25 (timeouts, errors) paces only when no clean one exists:
-    # one broken side must not set a trivial load for the healthy one.
-    clean = [rate for rate in rates if not rate[0]] or rates
-    if not clean:
+        if batch is not None and batch.requests_per_s > 0:
+            rates.append((batch.requests_per_s, bool(batch.problems), whose))
+    wanted = [name for name in PACED if name in names]
+    if not rates:
+        for side in sides:
+            for name in wanted:
+                side.failed.setdefault(name, "no batch25 rate to pace from (it failed or answered nothing)")
         return
-    flagged, max_rps, whose = min(clean, key=lambda rate: rate[1])
+    # The lower rate paces both sides: a pace above a side's own maximum would
+    # measure an overloaded server. When that rate comes from a row its run
+    # flagged, the paced rows are flagged too, so no verdict rests on them.
+    max_rps, flagged, whose = min(rates)
     pace = {"max_rps": max_rps, "from": whose, "from_flagged_row": flagged}
     if flagged:
         print(f"WARNING: pacing from {whose}, whose row is flagged: the paced rows are flagged too", flush=True)
     for side in sides:
         side.report["paced_from"] = pace
     plans = [("half-rate", 0.5, duration), ("soak", LOAD_FACTOR, args.soak_duration)]
-    for number, (name, load, seconds) in enumerate(p for p in plans if p[0] in names):
+    for number, (name, load, seconds) in enumerate(p for p in plans if p[0] in wanted):
         for side in sides if number % 2 == 0 else sides[::-1]:
             print(f"running {side.tag(name, both)} ({seconds:.0f} s at {load:.0%} of {max_rps:.0f} req/s) ...",
                   flush=True)

@@ -40,10 +40,9 @@ def _is_number(value: object) -> bool:
     if not isinstance(value, int | float) or isinstance(value, bool):
         return False
     try:
-        float(value)
+        return math.isfinite(value)  # 1e400 reads as inf: no bench writes it
     except OverflowError:  # an integer past a float's range
         return False
-    return True
 
 
 def _not_json(constant: str) -> float:
@@ -114,8 +113,21 @@ class Run:
         return values
 
     def cpu_per_round(self, scenario: str) -> list[float]:
-        """The scenario's server CPU per request in each round (absolute: no ratio to take)."""
-        return [float(rows[scenario]["cpu_ms_per_request"]) for rows in self.rounds if scenario in rows]
+        """The scenario's server CPU per request in each round (absolute: no ratio to take).
+
+        None for a row whose CPU also counts load beside its requests
+        (signals-read: the ingest next to the reads), as in the run's own table.
+        """
+        rows = [rows[scenario] for rows in self.rounds if scenario in rows]
+        if any(row.get("cpu_is_per_request") is False for row in rows):
+            return []
+        return [float(row["cpu_ms_per_request"]) for row in rows]
+
+    def pace(self, scenario: str) -> float | None:
+        """The req/s a paced scenario was driven at (its target), when the run recorded it."""
+        figures = self.report.get({"half-rate": "half_rate", "soak": "soak"}.get(scenario, ""))
+        target = figures.get("target_rps") if isinstance(figures, dict) else None
+        return float(target) if isinstance(target, int | float) and _is_number(target) else None
 
     def problems(self, scenario: str) -> list[str]:
         """Why the run's own table flagged the scenario's row (timeouts, errors, refusals, a lost process)."""
@@ -136,7 +148,8 @@ class Run:
 
     def label(self) -> str:
         r = self.report
-        return (f"{self.path.name}: commit {r.get('commit') or '?'}, {self.rounds_run()} round(s),"
+        rounds = f"{self.rounds_run()} round(s)" if self.rounds_run() else "paced scenarios only"
+        return (f"{self.path.name}: commit {r.get('commit') or '?'}, {rounds},"
                 f" {r.get('workers', '?')} worker(s), {r.get('connections', '?')} connections,"
                 f" {r.get('duration', '?')} s")
 
@@ -155,6 +168,14 @@ def verdict(old: Sequence[float], new: Sequence[float]) -> str:
 def cpu_verdict(old: Sequence[float], new: Sequence[float]) -> str:
     """The same test on CPU per request: `less` or `more` beyond the rounds' noise."""
     return {"faster": "more", "slower": "less"}.get(verdict(old, new), verdict(old, new))
+
+
+def _one_in(n: int, m: int) -> str:
+    """C(n+m, n)/2, the odds of a false call; as a power of ten once it is too long to read."""
+    if n + m <= 40:
+        return str(math.comb(n + m, n) // 2)
+    digits = (math.lgamma(n + m + 1) - math.lgamma(n + 1) - math.lgamma(m + 1) - math.log(2)) / math.log(10)
+    return f"10^{digits:.0f}"
 
 
 def _change(old: float | None, new: float | None) -> str:
@@ -187,7 +208,9 @@ def compare(old: Run, new: Run) -> str:
         problems = [f"{side}: {problem}" for side, run in (("old", old), ("new", new)) for problem in run.problems(scenario)]
         # A row its own run flagged (errors, refusals, a lost process) is no evidence either way.
         call = "untrusted" if problems else verdict(old.per_round(scenario), new.per_round(scenario))
-        cpu_call = "-" if problems else cpu_verdict(old.cpu_per_round(scenario), new.cpu_per_round(scenario))
+        cpu_old_rounds, cpu_new_rounds = old.cpu_per_round(scenario), new.cpu_per_round(scenario)
+        not_per_request = any(run.rows[scenario].get("cpu_is_per_request") is False for run in (old, new))
+        cpu_call = "-" if problems or not_per_request else cpu_verdict(cpu_old_rounds, cpu_new_rounds)
         flagged += [f"WARNING {scenario}: {problem}" for problem in problems]
         # A paced row's rate is the pace the bench set, not what the code reached: its changes say nothing.
         paced = scenario in PACED
@@ -200,6 +223,11 @@ def compare(old: Run, new: Run) -> str:
         )
     lines += flagged
     paced_seen = [name for name in PACED if name in old.rows and name in new.rows]
+    for name in paced_seen:
+        pace_old, pace_new = old.pace(name), new.pace(name)
+        if pace_old and pace_new and abs(pace_new - pace_old) > 0.05 * pace_old:
+            lines.append(f"WARNING {name}: paced at {pace_old:.0f} and {pace_new:.0f} req/s: its p99 and CPU were"
+                         " taken at different loads and do not compare")
     if paced_seen:
         lines.append(f"{', '.join(paced_seen)}: paced at a rate the bench set (with --against, one rate for both"
                      " sides), so their req/s and x base changes are shown as -; read their p99 and CPU")
@@ -210,12 +238,13 @@ def compare(old: Run, new: Run) -> str:
     if min(n, m) >= MIN_ROUNDS:
         lines.append("verdict: faster/slower when the per-round ranges of x base (req/s for baseline) do not"
                      f" overlap, noise when they do; between identical code, {n} and {m} rounds give faster"
-                     f" or slower by chance 1 time in {math.comb(n + m, n) // 2} for each row;"
+                     f" or slower by chance 1 time in {_one_in(n, m)} for each row and verdict column;"
                      f" ? where a row has fewer than {MIN_ROUNDS} rounds a side (half-rate and soak run once);"
                      " untrusted where either run flagged the row. x base is relative to the same tree's"
                      " baseline: a change to the HTTP stack the baseline measures moves it for every row, so"
                      " read it beside `cpu`, the same test on server CPU per request (less/more/noise),"
-                     " which is absolute")
+                     " which is absolute (on a saturated worker, close to the inverse of req/s); `-` where"
+                     " the row is flagged or its CPU counts other load (signals-read)")
     else:
         lines.append(f"verdict ?: fewer than {MIN_ROUNDS} rounds a side cannot tell a change from this host's"
                      " noise; run both with --repeat 3 (or 5)")

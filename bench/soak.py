@@ -37,6 +37,7 @@ from bench.server import Collector
 CALIBRATION_RUNS, CALIBRATION_S = 3, 5.0
 SAMPLE_EVERY_S = 2.5
 LOAD_FACTOR = 0.7
+SHORTFALL = 0.8  # a paced run below this share of its target is flagged
 
 
 @dataclass
@@ -197,4 +198,16 @@ def run_soak(wrk: str, *, max_rps: float, seconds: float, workers: int = 1,
         workers=workers,
     )
     result.check(lost)
+    result.problems += short_of_pace(soak.achieved_rps, soak.target_rps)
     return result, soak
+
+
+def short_of_pace(achieved_rps: float, target_rps: float) -> list[str]:
+    """A problem when a paced run fell far below its target.
+
+    The calibration lands within a few percent of the target; far below it,
+    the server could not keep up, and the latencies are an overloaded one's.
+    """
+    if achieved_rps >= SHORTFALL * target_rps:
+        return []
+    return [f"reached {achieved_rps:.0f} of its {target_rps:.0f} req/s pace: the server could not keep it"]

@@ -108,7 +108,9 @@ def test_compare_warns_when_the_runs_were_not_alike(tmp_path: Path) -> None:
                                      '{"results": [], "commit": "\\ud800"}',
                                      '{"results": [{"scenario": "x", "requests_per_s": NaN, "p99_ms": 1,'
                                      ' "cpu_ms_per_request": 1}]}',
-                                     '{"results": [], "failed": ["a"]}', '{"results": [], "interrupted": 5}'])
+                                     '{"results": [], "failed": ["a"]}', '{"results": [], "interrupted": 5}',
+                                     '{"results": [{"scenario": "x", "requests_per_s": 1e400, "p99_ms": 1,'
+                                     ' "cpu_ms_per_request": 1}]}'])
 def test_compare_refuses_what_is_not_a_bench_result(tmp_path: Path, content: str,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.json"
@@ -174,7 +176,10 @@ def test_compare_does_not_judge_a_row_its_own_run_flagged(tmp_path: Path) -> Non
 def test_compare_reads_many_rounds_and_says_paced_rates_are_not_the_codes(tmp_path: Path) -> None:
     # 520 rounds a side overflowed the chance's float (helper-55).
     many = Run.load(_report(tmp_path / "many.json", [(3000, 800)] * 520))
-    assert "by chance 1 time in " in compare(many, many)
+    assert "by chance 1 time in 10^311 for each row" in compare(many, many)
+    from bench.compare import _one_in
+
+    assert (_one_in(3, 3), _one_in(5, 5), _one_in(7300, 7300)) == ("10", "126", "10^4393")  # was a traceback
     old_path, new_path = _report(tmp_path / "old.json", [(3000, 800)]), _report(tmp_path / "new.json", [(3300, 800)])
     for path, p99 in ((old_path, 20.0), (new_path, 31.0)):
         report = json.loads(path.read_text())
@@ -185,9 +190,30 @@ def test_compare_reads_many_rounds_and_says_paced_rates_are_not_the_codes(tmp_pa
     half = next(line for line in text.splitlines() if line.startswith("half-rate")).split()
     assert half[3] == "-" and half[6] == "-" and half[7:9] == ["20.0", "31.0"]
     assert "half-rate: paced at a rate the bench set" in text
+    # Separate runs paced at different rates: their p99 and CPU do not compare (helper-57).
+    for path, target in ((old_path, 270.0), (new_path, 410.0)):
+        report = json.loads(path.read_text())
+        report["half_rate"] = {"target_rps": target}
+        path.write_text(json.dumps(report))
+    assert "WARNING half-rate: paced at 270 and 410 req/s" in compare(Run.load(old_path), Run.load(new_path))
 
 
-def test_a_broken_side_does_not_set_the_pace_of_the_healthy_one(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cpu_verdict_skips_a_row_whose_cpu_counts_other_load(tmp_path: Path) -> None:
+    paths = _report(tmp_path / "old.json", [(3000, 800)] * 3), _report(tmp_path / "new.json", [(3000, 1200)] * 3)
+    for path in paths:
+        report = json.loads(path.read_text())
+        for rows in [report["results"], *report["rounds"]]:
+            rows[1]["cpu_is_per_request"] = False  # as signals-read's: the ingest beside the reads
+        path.write_text(json.dumps(report))
+    line = next(line for line in compare(*map(Run.load, paths)).splitlines() if line.startswith("batch25"))
+    assert line.split()[-2:] == ["-", "faster"]
+    paced_only = tmp_path / "paced.json"
+    paced_only.write_text(json.dumps({"results": [], "rounds": [[], [], []]}))
+    assert "paced.json: commit ?, paced scenarios only" in compare(Run.load(paced_only), Run.load(paths[1]))
+
+
+def test_both_sides_are_paced_at_the_lower_rate_and_a_flagged_one_flags_the_paced_rows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     import argparse
 
     import bench.soak
@@ -201,17 +227,27 @@ def test_a_broken_side_does_not_set_the_pace_of_the_healthy_one(monkeypatch: pyt
         return _row(scenario, max_rps / 2), figures
 
     monkeypatch.setattr(bench.soak, "run_soak", run_soak)
-    old, new = Side("old", "abc", Path("/tmp/old-tree")), Side("new", "def")
-    old.rounds = [[_row("batch25", 40, problems=["12 requests timed out"])]]
-    new.rounds = [[_row("batch25", 800)]]
     args = argparse.Namespace(connections=64, workers=1, soak_duration=10.0)
-    _run_paced(args, ["half-rate"], "wrk", 1.0, [old, new], lambda side, name, run: run())
-    assert paced == [("/tmp/old-tree", 800), ("None", 800)]  # was 40: the flagged row's rate, for both
-    assert old.report["paced_from"] == {"max_rps": 800, "from": "batch25 [new def]", "from_flagged_row": False}
-    assert not old.paced[0].problems
-    # Both flagged: the lower paces, and the paced rows say they inherit it.
-    new.rounds = [[_row("batch25", 700, problems=["errors"])]]
-    paced.clear()
-    _run_paced(args, ["half-rate"], "wrk", 1.0, [old, new], lambda side, name, run: run())
+
+    def run(old_batch: Result, new_batch: Result) -> tuple[Side, Side]:
+        old, new = Side("old", "abc", Path("/tmp/old-tree")), Side("new", "def")
+        old.rounds, new.rounds = [[old_batch]], [[new_batch]]
+        paced.clear()
+        _run_paced(args, ["half-rate"], "wrk", 1.0, [old, new], lambda side, name, run: run())
+        return old, new
+
+    # A pace above a side's own maximum would measure an overloaded server (helper-57).
+    old, new = run(_row("batch25", 900), _row("batch25", 500))
+    assert paced == [("/tmp/old-tree", 500), ("None", 500)] and not old.paced[0].problems
+    assert new.report["paced_from"] == {"max_rps": 500, "from": "batch25 [new def]", "from_flagged_row": False}
+    # A flagged lower rate still paces, and flags both sides' paced rows (helper-55: it passed unflagged).
+    old, new = run(_row("batch25", 40, problems=["12 requests timed out"]), _row("batch25", 800))
     assert paced == [("/tmp/old-tree", 40), ("None", 40)]
-    assert new.paced[-1].problems == ["paced from batch25 [old abc], a row flagged for its own problems"]
+    assert new.paced[0].problems == ["paced from batch25 [old abc], a row flagged for its own problems"]
+    # No rate at all: the paced scenarios are reported as failed, not dropped without a word.
+    old, new = run(_row("batch25", 0), _row("batch25", 0))
+    assert paced == [] and "half-rate" in old.failed and "half-rate" in new.failed
+    from bench.soak import short_of_pace
+
+    assert short_of_pace(390, 400) == [] and short_of_pace(300, 400) == [
+        "reached 300 of its 400 req/s pace: the server could not keep it"]
