@@ -417,7 +417,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     from collector.fieldkeys import DEFAULT_NAME, key_file_path
-    from storage.backup import node_id_of, restore
+    from storage.backup import restore
 
     settings = _settings_from(args)
     # Compared as real paths: /var/lib/collector is a symlink under DynamicUser,
@@ -430,9 +430,9 @@ def cmd_restore(args: argparse.Namespace) -> int:
     # otherwise delete it with the old directory; one elsewhere stays put.
     inside = key_file.relative_to(data_dir).as_posix() if key_file.is_relative_to(data_dir) else None
     carry = ((DEFAULT_NAME, inside),) if inside else ()
-    manifest = restore(Path(args.src), data_dir, force=args.force, carry_files=carry)
+    manifest, node_id = restore(Path(args.src), data_dir, force=args.force, carry_files=carry)
     # The manifest's nodeId is the backed-up node's; the restored directory has its own.
-    print(_json.encode({**msgspec.to_builtins(manifest), "restoredNodeId": node_id_of(data_dir)}).decode())
+    print(_json.encode({**msgspec.to_builtins(manifest), "restoredNodeId": node_id}).decode())
     if inside and not key_file.is_file():
         # Neither the backup nor the replaced directory had one: serve would make
         # a new key, and values it seals could not be opened with the old one.

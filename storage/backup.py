@@ -24,10 +24,12 @@ import signal
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import lmdb
 import msgspec
 
+from storage.datadir import data_dir_problem
 from storage.env import DB_NAMES, FORMAT_VERSION, FormatError, Storage, parse_format
 from storage.errors import UNREADABLE_RECORD, mapped_lmdb_errors
 from storage.outbox import NEXT_SEQ
@@ -39,6 +41,11 @@ _CHUNK = 1 << 20
 
 class BackupError(ValueError):
     """A backup or restore cannot go ahead; the one-line message says why. Nothing was changed."""
+
+
+class Restored(NamedTuple):
+    manifest: BackupManifest  # the backup's: its node_id is the backed-up node's
+    node_id: str  # the restored directory's own, new node id
 
 
 class BackupManifest(msgspec.Struct, frozen=True, rename="camel"):
@@ -136,13 +143,14 @@ def restore(
     *,
     force: bool = False,
     carry_files: Sequence[tuple[str, str]] = (),
-) -> BackupManifest:
+) -> Restored:
     """Verify the backup in `src_dir`, then make it the data directory `data_dir`.
 
     Raises BackupError, with nothing changed, when the backup is incomplete,
     its size or checksum differs from the manifest, its format is newer than
     this collector reads, `data_dir` is not empty (unless force) or a
-    collector has `data_dir` open. Call it from a process that does not have
+    collector has `data_dir` open, or (even with force) `data_dir` holds
+    something other than a collector's data. Call it from a process that does not have
     `data_dir` open itself: the in-use probe cannot see its own process.
     Each of `carry_files`, (its name in a backup, its path inside `data_dir`),
     such as the field-encryption key file, is taken from the backup when it
@@ -183,12 +191,15 @@ def restore(
     if occupied and not target.is_dir():
         raise BackupError(f"{target} exists and is not a directory")
     non_empty = occupied and any(target.iterdir())
-    if non_empty and not force:
-        raise BackupError(f"{target} is not empty; pass --force to replace it")
-    if non_empty and not (target / DATA_FILE).is_file():
-        # --force replaces a data directory, never whatever a mistyped path names (a home directory).
-        raise BackupError(f"{target} is not empty and is not a collector data directory (no {DATA_FILE});"
-                          " restore into an empty or new directory instead")
+    if non_empty:
+        # Checked before --force is even mentioned: it replaces a data directory,
+        # never whatever a mistyped path names (a home directory, another app's LMDB).
+        foreign = _foreign(target, {DATA_FILE, "lock.mdb", *(Path(inside).parts[0] for _, inside in carry_files)})
+        if foreign:
+            raise BackupError(f"{target} is not empty and not a collector data directory: {foreign};"
+                              " restore into an empty or new directory instead")
+        if not force:
+            raise BackupError(f"{target} is not empty; pass --force to replace it")
 
     target.parent.mkdir(parents=True, exist_ok=True)
     with _held_for_restore(target):
@@ -204,7 +215,7 @@ def restore(
             copied = _copy_and_hash(data, staging / DATA_FILE)
             if copied != manifest.sha256:
                 raise BackupError(f"checksum mismatch: {data} changed while it was copied")
-            _renew_node_id(staging)
+            node_id = _renew_node_id(staging)
             for backup_name, inside in carry_files:
                 for origin in (src / backup_name, target / inside):
                     if origin.is_file():
@@ -224,7 +235,26 @@ def restore(
                     shutil.rmtree(staging, ignore_errors=True)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    return manifest
+    return Restored(manifest, node_id)
+
+
+def _foreign(target: Path, own_names: set[str]) -> str:
+    """Why `target` is not a collector data directory ("" when it is one, or a damaged one).
+
+    A directory whose data.mdb is missing or cannot be read is what a restore
+    is for, as long as it holds nothing but the collector's own files; anything
+    else there (a user's files, another program's LMDB databases) says it is
+    not ours.
+    """
+    problem = data_dir_problem(target, create=False)
+    if problem is None:
+        return ""
+    if "not a collector's" in problem:
+        return problem
+    strays = sorted(entry.name for entry in target.iterdir() if entry.name not in own_names)
+    if not strays:
+        return ""
+    return f"{problem}; it holds {', '.join(strays[:3])}" + (", ..." if len(strays) > 3 else "")
 
 
 def _carry(origin: Path, destination: Path) -> None:
@@ -338,7 +368,7 @@ def _format_of(src: Path) -> int:
         raise BackupError(str(exc)) from None
 
 
-def _renew_node_id(staging: Path) -> None:
+def _renew_node_id(staging: Path) -> str:
     """Give the restored directory a node id of its own.
 
     Receipt ids are `rcpt_<node id><seq>`. A restored older backup hands out
@@ -353,24 +383,14 @@ def _renew_node_id(staging: Path) -> None:
     try:
         with env.begin(write=True) as txn:
             meta = env.open_db(b"meta", txn=txn, create=False)
-            txn.put(b"node_id", secrets.token_hex(4).encode(), db=meta)
+            node_id = secrets.token_hex(4)
+            txn.put(b"node_id", node_id.encode(), db=meta)
     except lmdb.Error as exc:
         raise BackupError(f"the restored copy could not be updated: {exc}") from None
     finally:
         env.close()
     (staging / "lock.mdb").unlink(missing_ok=True)
-
-
-def node_id_of(directory: Path) -> str:
-    """The node id stored in a data directory no process has open (after a restore: its new one)."""
-    # lock=False: nothing else has it open, and a lock file made here is not ours to leave.
-    env = lmdb.open(str(directory), max_dbs=len(DB_NAMES) + 8, readonly=True, lock=False)
-    try:
-        with env.begin() as txn:
-            raw = txn.get(b"node_id", db=env.open_db(b"meta", txn=txn, create=False))
-    finally:
-        env.close()
-    return bytes(raw).decode() if raw else ""
+    return node_id
 
 
 def _in_use(directory: Path) -> bool:

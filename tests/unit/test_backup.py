@@ -130,13 +130,15 @@ def test_restore_round_trip(live: Storage, tmp_path: Path) -> None:
     node_id = live.node_id
     live.close()
     restored = tmp_path / "restored"
-    assert restore(tmp_path / "bk", restored) == manifest
+    result = restore(tmp_path / "bk", restored)
+    assert result.manifest == manifest
     assert listing(tmp_path) == ["bk", "data", "restored"]  # no staging left beside it
     storage = Storage(restored)
     try:
         # A node id of its own: receipts given out after the backup, or by another
-        # restore of it, are never handed out again.
+        # restore of it, are never handed out again. The restore reports it.
         assert storage.node_id != node_id and len(storage.node_id) == len(node_id)
+        assert result.node_id == storage.node_id
         records = [r for _, r in outbox.iter_outbox(storage)]
         assert [r.eid for r in records] == ["a", "b", "c"]
         assert records[0].receipt_id == outbox.receipt_id(node_id, 1)  # stored receipts are kept
@@ -226,13 +228,32 @@ def test_force_replaces_a_non_empty_directory(
 
 def test_force_replaces_only_a_data_directory(live: Storage, tmp_path: Path) -> None:
     backup(live, tmp_path / "bk")
-    mistyped = tmp_path / "home"
-    (mistyped / "notes").mkdir(parents=True)
-    (mistyped / "notes" / "todo.txt").write_text("keep me")
-    with pytest.raises(BackupError, match="is not a collector data directory \\(no data.mdb\\)"):
-        restore(tmp_path / "bk", mistyped, force=True)
-    assert (mistyped / "notes" / "todo.txt").read_text() == "keep me"
-    assert sorted(p.name for p in mistyped.iterdir()) == ["notes"]
+    live.close()
+
+    def refused(target: Path, why: str) -> None:
+        before = sorted(str(p.relative_to(target)) for p in target.rglob("*"))
+        for force in (False, True):  # refused before --force is even suggested
+            with pytest.raises(BackupError, match=f"is not empty and not a collector data directory: {why}"):
+                restore(tmp_path / "bk", target, force=force)
+        assert sorted(str(p.relative_to(target)) for p in target.rglob("*")) == before
+
+    home = tmp_path / "home"
+    (home / "notes").mkdir(parents=True)
+    (home / "notes" / "todo.txt").write_text("keep me")
+    refused(home, "no collector data in .*; it holds notes")
+    (home / "data.mdb").write_text("junk")  # a file of that name proves nothing (helper-56)
+    refused(home, ".* is not an LMDB environment .*; it holds notes")
+    other = tmp_path / "otherapp"
+    env = lmdb.open(str(other), max_dbs=2)
+    env.open_db(b"otherapp")
+    env.close()
+    refused(other, ".*not a collector's")
+    # A collector directory whose data.mdb is damaged is what a restore is for.
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "data.mdb").write_bytes(b"\0" * 8192)
+    assert restore(tmp_path / "bk", damaged, force=True).node_id
+    assert eids(damaged) == ["a", "b", "c"]
 
 
 def test_restore_through_a_symlinked_data_dir(live: Storage, tmp_path: Path) -> None:
