@@ -123,10 +123,12 @@ class _Checker:
             if raw is not None and len(raw) != 8:
                 self.problem(f"meta {name.decode()} is {len(raw)} bytes, not an 8-byte sequence number")
         if retained_from > next_seq:
-            # Retention never moves the mark past the head: a damaged mark would
-            # excuse every missing seq below it as retention's doing.
-            self.problem(f"meta {RETAINED_FROM.decode()} ({retained_from}) is past the next-seq marker"
-                         f" {next_seq}: the outbox gaps below it cannot be told from lost rows")
+            # Retention never moves the mark past the head, so one of the two is
+            # damaged; a mark too high would excuse every gap below it as retention's.
+            shown_next = str(next_seq) if raw_next is not None else "absent, read as 1"
+            self.problem(f"the outbox markers disagree: meta {RETAINED_FROM.decode()} ({retained_from}) is past"
+                         f" {outbox.NEXT_SEQ.decode()} ({shown_next}); one of them is damaged, and gaps below"
+                         " the mark cannot be told from lost rows")
         expected = max(retained_from, 1)  # the lowest seq that must still be present
         for key, value in self.txn.cursor(db=self.dbs.outbox):
             self.report.outbox_records += 1

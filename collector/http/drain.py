@@ -22,6 +22,7 @@ import trio
 from collector.errors import ServiceError, render_error
 from collector.http.access_log import log_request
 from collector.http.asgi import Receive, Request, Scope, Send, send_response
+from collector.http.headers import cors_headers
 
 CLOSE = (b"connection", b"close")
 
@@ -61,8 +62,9 @@ class Drain:
             started = time.perf_counter()
             request = Request(scope)
             error = ServiceError("service_unavailable", "the collector is shutting down; retry")
+            # CORS as on every answer: a browser's script can then read the 503 and its Retry-After.
             headers = [*error.response_headers().items(), ("Connection", "close"),
-                       ("X-Request-ID", request.request_id)]
+                       ("X-Request-ID", request.request_id), *cors_headers(request.headers.get("origin"))]
             await send_response(send, error.status, render_error(error), headers)
             if self.access_log:  # the refusal is one of the requests the operator counts
                 log_request(request, "shutdown", error.status, error.code, None, started)

@@ -66,8 +66,8 @@ async def test_check_refuses_an_outbox_mark_that_would_hide_lost_rows(server: Ru
     # A mark past the head once excused every gap below it (helper-48).
     assert status == 1 and problems[:2] == [
         "meta outbox_next_seq is 2 bytes, not an 8-byte sequence number",
-        "meta outbox_retained_from (50) is past the next-seq marker 4: the outbox gaps below it cannot be"
-        " told from lost rows",
+        "the outbox markers disagree: meta outbox_retained_from (50) is past outbox_next_seq (4); one of them is"
+        " damaged, and gaps below the mark cannot be told from lost rows",
     ], problems
 
 

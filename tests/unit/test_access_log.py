@@ -58,7 +58,8 @@ async def test_a_request_refused_as_the_server_closes_is_logged(
     drain = Drain(app, access_log=True)
     drain.start_draining()
     drain.closing = True
-    scope = {"type": "http", "method": "POST", "path": "/v1/events", "headers": [(b"x-request-id", b"r-1")]}
+    scope = {"type": "http", "method": "POST", "path": "/v1/events",
+             "headers": [(b"x-request-id", b"r-1"), (b"origin", b"https://acme.com")]}
     await drain(scope, receive, send)
     access_log.flush()
     line = json.loads(capsys.readouterr().err.splitlines()[-1])
@@ -68,3 +69,6 @@ async def test_a_request_refused_as_the_server_closes_is_logged(
     assert head["status"] == 503
     headers = {bytes(k).lower(): bytes(v) for k, v in head["headers"]}  # type: ignore[attr-defined]
     assert headers[b"x-request-id"] == b"r-1" and headers[b"connection"] == b"close"
+    # readable by the browser script that sent it (helper-56)
+    assert headers[b"access-control-allow-origin"] == b"https://acme.com"
+    assert b"Retry-After" in headers[b"access-control-expose-headers"]
