@@ -115,7 +115,7 @@ class Run:
     def cpu_per_round(self, scenario: str) -> list[float]:
         """The scenario's server CPU per request in each round (absolute: no ratio to take).
 
-        None for a row whose CPU also counts load beside its requests
+        Empty for a row whose CPU also counts load beside its requests
         (signals-read: the ingest next to the reads), as in the run's own table.
         """
         rows = [rows[scenario] for rows in self.rounds if scenario in rows]
