@@ -21,6 +21,8 @@ import os
 import secrets
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -29,13 +31,15 @@ from typing import NamedTuple
 import lmdb
 import msgspec
 
-from storage.datadir import data_dir_problem
 from storage.env import DB_NAMES, FORMAT_VERSION, FormatError, Storage, parse_format
 from storage.errors import UNREADABLE_RECORD, mapped_lmdb_errors
 from storage.outbox import NEXT_SEQ
 
 MANIFEST = "MANIFEST.json"
 DATA_FILE = "data.mdb"
+# What a data directory holds: LMDB's two files and the default field-key file
+# (collector.fieldkeys.DEFAULT_NAME; storage does not import the service).
+OWN_FILES = (DATA_FILE, "lock.mdb", "field-keys.json")
 _CHUNK = 1 << 20
 
 
@@ -194,7 +198,7 @@ def restore(
     if non_empty:
         # Checked before --force is even mentioned: it replaces a data directory,
         # never whatever a mistyped path names (a home directory, another app's LMDB).
-        foreign = _foreign(target, {DATA_FILE, "lock.mdb", *(Path(inside).parts[0] for _, inside in carry_files)})
+        foreign = _foreign(target, [inside for _, inside in carry_files])
         if foreign:
             raise BackupError(f"{target} is not empty and not a collector data directory: {foreign};"
                               " restore into an empty or new directory instead")
@@ -238,23 +242,35 @@ def restore(
     return Restored(manifest, node_id)
 
 
-def _foreign(target: Path, own_names: set[str]) -> str:
+def _foreign(target: Path, carried: Sequence[str]) -> str:
     """Why `target` is not a collector data directory ("" when it is one, or a damaged one).
 
-    A directory whose data.mdb is missing or cannot be read is what a restore
-    is for, as long as it holds nothing but the collector's own files; anything
-    else there (a user's files, another program's LMDB databases) says it is
-    not ours.
+    A collector directory holds data.mdb, lock.mdb and the carried files (the
+    field key) and nothing else: anything more (a user's files) says it is not
+    ours, whatever state data.mdb is in, and so does an LMDB environment whose
+    databases are another program's. A data.mdb that is missing or cannot be
+    read is what a restore is for.
     """
-    problem = data_dir_problem(target, create=False)
-    if problem is None:
+    own = {*map(Path, OWN_FILES), *(Path(inside) for inside in carried)}
+    own_dirs = {parent for path in own for parent in path.parents if parent != Path(".")}
+    strays = sorted(str(path.relative_to(target)) for path in target.rglob("*")
+                    if path.relative_to(target) not in own and path.relative_to(target) not in own_dirs)
+    if strays:
+        return f"it holds {', '.join(strays[:3])}" + (", ..." if len(strays) > 3 else "")
+    data = target / DATA_FILE
+    if data.is_symlink() and not data.exists() or data.exists() and not data.is_file():
+        return f"its {DATA_FILE} is not a regular file"  # a dangling link would be created at its target
+    if not data.is_file():
         return ""
-    if "not a collector's" in problem:
-        return problem
-    strays = sorted(entry.name for entry in target.iterdir() if entry.name not in own_names)
-    if not strays:
-        return ""
-    return f"{problem}; it holds {', '.join(strays[:3])}" + (", ..." if len(strays) > 3 else "")
+    # The probe opens the environment: a data.mdb cut short can fault LMDB's
+    # mapping (SIGBUS), which only a child process survives.
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys; from pathlib import Path; from storage.datadir import data_dir_problem;"
+         " print(data_dir_problem(Path(sys.argv[1]), create=False) or '')", str(target)],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[1],
+    )
+    problem = probe.stdout.strip()
+    return problem if probe.returncode == 0 and "not a collector's" in problem else ""
 
 
 def _carry(origin: Path, destination: Path) -> None:

@@ -240,20 +240,49 @@ def test_force_replaces_only_a_data_directory(live: Storage, tmp_path: Path) -> 
     home = tmp_path / "home"
     (home / "notes").mkdir(parents=True)
     (home / "notes" / "todo.txt").write_text("keep me")
-    refused(home, "no collector data in .*; it holds notes")
+    refused(home, "it holds notes, notes/todo.txt")
     (home / "data.mdb").write_text("junk")  # a file of that name proves nothing (helper-56)
-    refused(home, ".* is not an LMDB environment .*; it holds notes")
+    refused(home, "it holds notes, notes/todo.txt")
     other = tmp_path / "otherapp"
     env = lmdb.open(str(other), max_dbs=2)
     env.open_db(b"otherapp")
     env.close()
     refused(other, ".*not a collector's")
+    dangling = tmp_path / "dangling"
+    dangling.mkdir()
+    (dangling / "data.mdb").symlink_to(tmp_path / "elsewhere.db")  # restore would create it (helper-58)
+    refused(dangling, "its data.mdb is not a regular file")
+    assert not (tmp_path / "elsewhere.db").exists()
     # A collector directory whose data.mdb is damaged is what a restore is for.
     damaged = tmp_path / "damaged"
     damaged.mkdir()
     (damaged / "data.mdb").write_bytes(b"\0" * 8192)
     assert restore(tmp_path / "bk", damaged, force=True).node_id
     assert eids(damaged) == ["a", "b", "c"]
+    # One cut short past its root page faults LMDB's mapping: the probe crashed
+    # the restore with SIGBUS (helper-58); it runs in a child process now.
+    cut = tmp_path / "cut"
+    env = lmdb.open(str(cut), max_dbs=4, map_size=1 << 28)
+    rows = env.open_db(b"outbox")
+    with env.begin(write=True) as txn:
+        for n in range(3000):
+            txn.put(n.to_bytes(8, "big"), os.urandom(2000), db=rows)
+    env.close()
+    os.truncate(cut / "data.mdb", 8192)
+    assert restore(tmp_path / "bk", cut, force=True).node_id
+    assert eids(cut) == ["a", "b", "c"]
+    # A key file kept in a subdirectory is the collector's; what lies beside it is not (helper-58).
+    keyed = tmp_path / "keyed"
+    (keyed / "keys").mkdir(parents=True)
+    (keyed / "data.mdb").write_bytes(b"\0" * 8192)
+    (keyed / "keys" / "fk.json").write_text("{}")
+    (keyed / "keys" / "old-key.json").write_text("{}")
+    carry = (("field-keys.json", "keys/fk.json"),)
+    with pytest.raises(BackupError, match="not a collector data directory: it holds keys/old-key.json"):
+        restore(tmp_path / "bk", keyed, force=True, carry_files=carry)
+    (keyed / "keys" / "old-key.json").unlink()
+    assert restore(tmp_path / "bk", keyed, force=True, carry_files=carry).node_id
+    assert (keyed / "keys" / "fk.json").is_file()
 
 
 def test_restore_through_a_symlinked_data_dir(live: Storage, tmp_path: Path) -> None:
