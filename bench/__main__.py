@@ -332,6 +332,7 @@ def _run_paced(args: argparse.Namespace, names: list[str], wrk: str, duration: f
 
     both = len(sides) > 1
     rates: list[tuple[float, bool, str]] = []  # (requests/s, flagged, whose)
+    unmeasured: list[Side] = []  # sides paced at another's rate: theirs is unknown
     for side in sides:
         batch = next((row for row in summary_rows(side.rounds) if row.scenario == "batch25"), None)
         whose = side.tag("batch25", both)
@@ -346,6 +347,8 @@ def _run_paced(args: argparse.Namespace, names: list[str], wrk: str, duration: f
                 side.report["soak_calibration"] = batch.as_dict()
         if batch is not None and batch.requests_per_s > 0:
             rates.append((batch.requests_per_s, bool(batch.problems), whose))
+        else:
+            unmeasured.append(side)
     wanted = [name for name in PACED if name in names]
     if not rates:
         for side in sides:
@@ -376,6 +379,8 @@ def _run_paced(args: argparse.Namespace, names: list[str], wrk: str, duration: f
                 continue
             if flagged:
                 row.problems.append(f"paced from {whose}, a row flagged for its own problems")
+            if side in unmeasured:
+                row.problems.append(f"paced from {whose}: this side's own maximum was not measured")
             side.paced.append(row)
             if name == "half-rate":
                 side.report["half_rate"] = {"target_rps": paced.target_rps, "achieved_rps": paced.achieved_rps,

@@ -84,6 +84,10 @@ class Run:
                 raise ValueError(f"{path}: not a bench result (a row's problems are not a list)")
         if not isinstance(report.get("failed", {}), dict) or not isinstance(report.get("interrupted", ""), str):
             raise ValueError(f"{path}: not a bench result (failed is not an object or interrupted not a string)")
+        for paced in ("half_rate", "soak"):
+            figures = report.get(paced, {})
+            if not isinstance(figures, dict) or not _is_number(figures.get("target_rps", 0)):
+                raise ValueError(f"{path}: not a bench result ({paced} has no finite target_rps)")
         ratios = report.get("ratios", {})
         if not isinstance(ratios, dict) or not all(_is_number(v) for v in ratios.values()):
             raise ValueError(f"{path}: not a bench result (ratios are not numbers)")

@@ -125,7 +125,7 @@ class _Checker:
         if retained_from > next_seq:
             # Retention never moves the mark past the head, so one of the two is
             # damaged; a mark too high would excuse every gap below it as retention's.
-            shown_next = str(next_seq) if raw_next is not None else "absent, read as 1"
+            shown_next = str(next_seq) if raw_next else "absent or empty, read as 1"
             self.problem(f"the outbox markers disagree: meta {RETAINED_FROM.decode()} ({retained_from}) is past"
                          f" {outbox.NEXT_SEQ.decode()} ({shown_next}); one of them is damaged, and gaps below"
                          " the mark cannot be told from lost rows")

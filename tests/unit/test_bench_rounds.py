@@ -110,7 +110,7 @@ def test_compare_warns_when_the_runs_were_not_alike(tmp_path: Path) -> None:
                                      ' "cpu_ms_per_request": 1}]}',
                                      '{"results": [], "failed": ["a"]}', '{"results": [], "interrupted": 5}',
                                      '{"results": [{"scenario": "x", "requests_per_s": 1e400, "p99_ms": 1,'
-                                     ' "cpu_ms_per_request": 1}]}'])
+                                     ' "cpu_ms_per_request": 1}]}', '{"results": [], "half_rate": {"target_rps": 1e999}}'])
 def test_compare_refuses_what_is_not_a_bench_result(tmp_path: Path, content: str,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.json"
@@ -244,6 +244,13 @@ def test_both_sides_are_paced_at_the_lower_rate_and_a_flagged_one_flags_the_pace
     old, new = run(_row("batch25", 40, problems=["12 requests timed out"]), _row("batch25", 800))
     assert paced == [("/tmp/old-tree", 40), ("None", 40)]
     assert new.paced[0].problems == ["paced from batch25 [old abc], a row flagged for its own problems"]
+    # A side whose own maximum is unknown (its calibration failed) is paced at the other's, flagged (helper-58).
+    old, new = Side("old", "abc", Path("/tmp/old-tree")), Side("new", "def")
+    old.rounds, new.rounds = [[]], [[_row("batch25", 1000)]]
+    _run_paced(args, ["half-rate"], "wrk", 1.0, [old, new],
+               lambda side, name, run: None if name == "calibration" else run())
+    assert old.paced[0].problems == ["paced from batch25 [new def]: this side's own maximum was not measured"]
+    assert not new.paced[0].problems
     # No rate at all: the paced scenarios are reported as failed, not dropped without a word.
     old, new = run(_row("batch25", 0), _row("batch25", 0))
     assert paced == [] and "half-rate" in old.failed and "half-rate" in new.failed
