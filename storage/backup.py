@@ -269,8 +269,11 @@ def _foreign(target: Path, carried: Sequence[str]) -> str:
          " print(data_dir_problem(Path(sys.argv[1]), create=False) or '')", str(target)],
         capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[1],
     )
+    if probe.returncode > 0:  # the probe failed (not a crash of LMDB's on a damaged file): do not guess
+        reason = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"its {DATA_FILE} could not be inspected ({reason})"
     problem = probe.stdout.strip()
-    return problem if probe.returncode == 0 and "not a collector's" in problem else ""
+    return problem if "not a collector's" in problem else ""
 
 
 def _carry(origin: Path, destination: Path) -> None:

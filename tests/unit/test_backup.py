@@ -271,6 +271,12 @@ def test_force_replaces_only_a_data_directory(live: Storage, tmp_path: Path) -> 
     os.truncate(cut / "data.mdb", 8192)
     assert restore(tmp_path / "bk", cut, force=True).node_id
     assert eids(cut) == ["a", "b", "c"]
+    # A probe that fails (rather than crashing on the file) decides nothing: refused, not guessed.
+    (cut / "data.mdb").write_bytes(b"\0" * 8192)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(backup_module.sys, "executable", "/bin/false")
+        with pytest.raises(BackupError, match="its data.mdb could not be inspected"):
+            restore(tmp_path / "bk", cut, force=True)
     # A key file kept in a subdirectory is the collector's; what lies beside it is not (helper-58).
     keyed = tmp_path / "keyed"
     (keyed / "keys").mkdir(parents=True)
