@@ -17,6 +17,7 @@ import ctypes
 import errno
 import fcntl
 import hashlib
+import itertools
 import os
 import secrets
 import shutil
@@ -37,9 +38,7 @@ from storage.outbox import NEXT_SEQ
 
 MANIFEST = "MANIFEST.json"
 DATA_FILE = "data.mdb"
-# What a data directory holds: LMDB's two files and the default field-key file
-# (collector.fieldkeys.DEFAULT_NAME; storage does not import the service).
-OWN_FILES = (DATA_FILE, "lock.mdb", "field-keys.json")
+LMDB_MAGIC = 0xBEEFC0DE  # in every LMDB meta page, 16 bytes into the file
 _CHUNK = 1 << 20
 
 
@@ -246,15 +245,16 @@ def _foreign(target: Path, carried: Sequence[str]) -> str:
     """Why `target` is not a collector data directory ("" when it is one, or a damaged one).
 
     A collector directory holds data.mdb, lock.mdb and the carried files (the
-    field key) and nothing else: anything more (a user's files) says it is not
-    ours, whatever state data.mdb is in, and so does an LMDB environment whose
-    databases are another program's. A data.mdb that is missing or cannot be
-    read is what a restore is for.
+    field key) and nothing else: anything more (a user's files, a key the
+    settings no longer name) says it is not ours, whatever state data.mdb is
+    in. Its data.mdb must be an LMDB file whose databases are all the
+    collector's; one cut short (LMDB faults reading it) is what a restore is
+    for. Whatever cannot be told is refused: the operator can always remove a
+    damaged data.mdb by hand, while a wrong guess deletes someone's data.
     """
-    own = {*map(Path, OWN_FILES), *(Path(inside) for inside in carried)}
+    own = {Path(DATA_FILE), Path("lock.mdb"), *(Path(inside) for inside in carried)}
     own_dirs = {parent for path in own for parent in path.parents if parent != Path(".")}
-    strays = sorted(str(path.relative_to(target)) for path in target.rglob("*")
-                    if path.relative_to(target) not in own and path.relative_to(target) not in own_dirs)
+    strays = list(itertools.islice(_strays(target, own, own_dirs), 4))
     if strays:
         return f"it holds {', '.join(strays[:3])}" + (", ..." if len(strays) > 3 else "")
     data = target / DATA_FILE
@@ -262,18 +262,61 @@ def _foreign(target: Path, carried: Sequence[str]) -> str:
         return f"its {DATA_FILE} is not a regular file"  # a dangling link would be created at its target
     if not data.is_file():
         return ""
-    # The probe opens the environment: a data.mdb cut short can fault LMDB's
-    # mapping (SIGBUS), which only a child process survives.
-    probe = subprocess.run(
-        [sys.executable, "-c", "import sys; from pathlib import Path; from storage.datadir import data_dir_problem;"
-         " print(data_dir_problem(Path(sys.argv[1]), create=False) or '')", str(target)],
-        capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[1],
-    )
-    if probe.returncode > 0:  # the probe failed (not a crash of LMDB's on a damaged file): do not guess
-        reason = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+    # In a child process: a data.mdb cut short can fault LMDB's mapping (SIGBUS).
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-c", "import sys; from pathlib import Path; from storage.backup import foreign_databases;"
+             " print(foreign_databases(Path(sys.argv[1])))", str(target)],
+            capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[1],
+        )
+    except subprocess.TimeoutExpired:
+        return f"its {DATA_FILE} could not be inspected within 60 s"
+    if probe.returncode == -signal.SIGBUS:
+        return ""  # an LMDB file (the child checked its magic first) cut short: damaged, ours to replace
+    if probe.returncode != 0:
+        reason = (probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1]
         return f"its {DATA_FILE} could not be inspected ({reason})"
-    problem = probe.stdout.strip()
-    return problem if "not a collector's" in problem else ""
+    return probe.stdout.strip()
+
+
+def _strays(target: Path, own: set[Path], own_dirs: set[Path]) -> Iterator[str]:
+    """Paths under `target` that are not the collector's, lazily: a mistyped /usr has 100,000."""
+    for root, dirs, files in os.walk(target):
+        here = Path(root).relative_to(target)
+        for name in sorted(dirs):
+            if here / name not in own_dirs:
+                dirs.remove(name)  # reported, not descended into
+                yield str(here / name)
+        for name in sorted(files):
+            if here / name not in own:
+                yield str(here / name)
+
+
+def foreign_databases(target: Path) -> str:
+    """"" when target's data.mdb is an LMDB file holding only the collector's databases, else why not.
+
+    Run in a child process (see _foreign). Read-only and without the lock file:
+    opening that would write LMDB's header into whatever it is (or links to).
+    """
+    data = target / DATA_FILE
+    with data.open("rb") as handle:
+        head = handle.read(20)
+    if len(head) < 20 or int.from_bytes(head[16:20], "little") != LMDB_MAGIC:
+        return f"its {DATA_FILE} is not an LMDB file (remove it first if it is the collector's, damaged)"
+    try:
+        env = lmdb.open(str(target), readonly=True, lock=False, max_dbs=0, create=False,
+                        map_size=2 * data.stat().st_size + 64 * 1024 * 1024)
+        try:
+            with env.begin() as txn:
+                names = {bytes(key).decode("utf-8", "replace") for key, _ in txn.cursor()}
+        finally:
+            env.close()
+    except lmdb.Error as exc:
+        return f"its {DATA_FILE} cannot be read as LMDB ({exc})"
+    foreign = sorted(names - set(DB_NAMES))
+    if foreign:
+        return f"its LMDB environment is not a collector's (it has {', '.join(map(repr, foreign[:3]))})"
+    return ""
 
 
 def _carry(origin: Path, destination: Path) -> None:
