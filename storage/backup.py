@@ -271,12 +271,14 @@ def _foreign(target: Path, carried: Sequence[str]) -> str:
         )
     except subprocess.TimeoutExpired:
         return f"its {DATA_FILE} could not be inspected within 60 s"
+    if probe.stdout.strip():  # a reason, printed the moment it was seen: it stands even if LMDB faulted later
+        return probe.stdout.strip().splitlines()[0]
     if probe.returncode == -signal.SIGBUS:
-        return ""  # an LMDB file (the child checked its magic first) cut short: damaged, ours to replace
+        return ""  # a collector-shaped LMDB file (magic checked first) cut short: damaged, ours to replace
     if probe.returncode != 0:
         reason = (probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1]
         return f"its {DATA_FILE} could not be inspected ({reason})"
-    return probe.stdout.strip()
+    return ""
 
 
 def _strays(target: Path, own: set[Path], own_dirs: set[Path]) -> Iterator[str]:
@@ -293,10 +295,12 @@ def _strays(target: Path, own: set[Path], own_dirs: set[Path]) -> Iterator[str]:
 
 
 def foreign_databases(target: Path) -> str:
-    """"" when target's data.mdb is an LMDB file holding only the collector's databases, else why not.
+    """"" when target's data.mdb is an LMDB file shaped like the collector's, else why not.
 
-    Run in a child process (see _foreign). Read-only and without the lock file:
-    opening that would write LMDB's header into whatever it is (or links to).
+    Run in a child process (see _foreign), which prints the result; a reason
+    is printed and flushed the moment it is known, since reading further into
+    a file cut short can fault the process. Read-only and without the lock
+    file: opening that would write LMDB's header into whatever it is (or links to).
     """
     data = target / DATA_FILE
     with data.open("rb") as handle:
@@ -304,18 +308,34 @@ def foreign_databases(target: Path) -> str:
     if len(head) < 20 or int.from_bytes(head[16:20], "little") != LMDB_MAGIC:
         return f"its {DATA_FILE} is not an LMDB file (remove it first if it is the collector's, damaged)"
     try:
-        env = lmdb.open(str(target), readonly=True, lock=False, max_dbs=0, create=False,
+        env = lmdb.open(str(target), readonly=True, lock=False, max_dbs=len(DB_NAMES) + 1, create=False,
                         map_size=2 * data.stat().st_size + 64 * 1024 * 1024)
         try:
-            with env.begin() as txn:
-                names = {bytes(key).decode("utf-8", "replace") for key, _ in txn.cursor()}
+            return _shape_problem(env)
         finally:
             env.close()
     except lmdb.Error as exc:
         return f"its {DATA_FILE} cannot be read as LMDB ({exc})"
-    foreign = sorted(names - set(DB_NAMES))
-    if foreign:
-        return f"its LMDB environment is not a collector's (it has {', '.join(map(repr, foreign[:3]))})"
+
+
+def _shape_problem(env: lmdb.Environment) -> str:
+    def seen(reason: str) -> str:
+        print(reason, flush=True)  # before anything later can fault
+        sys.exit(0)
+
+    # The entry count is in the meta page: read without walking a tree that may be cut short.
+    if env.stat()["entries"] > len(DB_NAMES):
+        seen(f"its LMDB environment is not a collector's ({env.stat()['entries']} entries in its main database)")
+    names: set[str] = set()
+    with env.begin() as txn:
+        for key, _ in txn.cursor():
+            name = bytes(key).decode("utf-8", "replace")
+            if name not in DB_NAMES:
+                seen(f"its LMDB environment is not a collector's (it has {name!r})")
+            names.add(name)
+        # Every collector environment has its meta database with a node id, made with the others.
+        if "meta" not in names or txn.get(b"node_id", db=env.open_db(b"meta", txn=txn, create=False)) is None:
+            seen(f"its LMDB environment is not a collector's (no node id among {sorted(names)})")
     return ""
 
 

@@ -267,6 +267,22 @@ def test_force_replaces_only_a_data_directory(live: Storage, tmp_path: Path) -> 
         env.open_db(b"meta", txn=txn)
     env.close()
     refused(meta_too, r"its LMDB environment is not a collector's \(it has 'users'\)")
+    # Names the collector also uses do not make it ours: a collector's meta has a node id (helper-60).
+    outbox_only = tmp_path / "outbox_only"
+    env = lmdb.open(str(outbox_only), max_dbs=2)
+    with env.begin(write=True) as txn:
+        txn.put(b"job1", b"precious", db=env.open_db(b"outbox", txn=txn))
+    env.close()
+    refused(outbox_only, r".*not a collector's \(no node id among \['outbox'\]\)")
+    # Another program's LMDB cut short: what was read before LMDB faulted still counts (helper-60).
+    cut_foreign = tmp_path / "cut_foreign"
+    env = lmdb.open(str(cut_foreign))
+    with env.begin(write=True) as txn:
+        for n in range(400):
+            txn.put(f"rec{n}".encode(), os.urandom(200))
+    env.close()
+    os.truncate(cut_foreign / "data.mdb", (cut_foreign / "data.mdb").stat().st_size - 4096)
+    refused(cut_foreign, r".*not a collector's \(400 entries in its main database\)")
     # One cut short past its root page faults LMDB's mapping: the probe crashed
     # the restore with SIGBUS (helper-58); it runs in a child process now.
     cut = tmp_path / "cut"
