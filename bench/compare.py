@@ -117,15 +117,8 @@ class Run:
         return values
 
     def cpu_per_round(self, scenario: str) -> list[float]:
-        """The scenario's server CPU per request in each round (absolute: no ratio to take).
-
-        Empty for a row whose CPU also counts load beside its requests
-        (signals-read: the ingest next to the reads), as in the run's own table.
-        """
-        rows = [rows[scenario] for rows in self.rounds if scenario in rows]
-        if any(row.get("cpu_is_per_request") is False for row in rows):
-            return []
-        return [float(row["cpu_ms_per_request"]) for row in rows]
+        """The scenario's server CPU per request in each round (absolute: no ratio to take)."""
+        return [float(rows[scenario]["cpu_ms_per_request"]) for rows in self.rounds if scenario in rows]
 
     def pace(self, scenario: str) -> float | None:
         """The req/s a paced scenario was driven at (its target), when the run recorded it."""
@@ -212,9 +205,11 @@ def compare(old: Run, new: Run) -> str:
         problems = [f"{side}: {problem}" for side, run in (("old", old), ("new", new)) for problem in run.problems(scenario)]
         # A row its own run flagged (errors, refusals, a lost process) is no evidence either way.
         call = "untrusted" if problems else verdict(old.per_round(scenario), new.per_round(scenario))
-        cpu_old_rounds, cpu_new_rounds = old.cpu_per_round(scenario), new.cpu_per_round(scenario)
+        # No cpu call where CPU also counts load beside the requests (signals-read: the ingest next to
+        # the reads), as in the run's own table; a summary row carries its rounds' flag.
         not_per_request = any(run.rows[scenario].get("cpu_is_per_request") is False for run in (old, new))
-        cpu_call = "-" if problems or not_per_request else cpu_verdict(cpu_old_rounds, cpu_new_rounds)
+        cpu_call = ("-" if problems or not_per_request
+                    else cpu_verdict(old.cpu_per_round(scenario), new.cpu_per_round(scenario)))
         flagged += [f"WARNING {scenario}: {problem}" for problem in problems]
         # A paced row's rate is the pace the bench set, not what the code reached: its changes say nothing.
         paced = scenario in PACED

@@ -40,11 +40,8 @@ def summarise(runs: Sequence[Result], numbers: Sequence[int] | None = None, of: 
         raise ValueError("no runs to summarise")
     numbers = list(numbers) if numbers is not None else list(range(1, len(runs) + 1))
     missing = [f"measured in {len(runs)} of {of} rounds"] if of is not None and len(runs) < of else []
-    if len(runs) == 1:
-        if of is None or of == 1:
-            return runs[0]
-        return replace(runs[0], problems=[*missing, *(f"round {numbers[0]}: {p}" for p in runs[0].problems)],
-                       note=f"round {numbers[0]}: {runs[0].note}" if runs[0].note else "")
+    if len(runs) == 1 and (of is None or of == 1):
+        return runs[0]  # a single run: its row as it stands
     first = runs[0]
     figures: dict[str, object] = {name: statistics.median(getattr(r, name) for r in runs) for name in MEDIAN_FIGURES}
     figures["cpu_s_per_1000_events"] = _median_or_none([r.cpu_s_per_1000_events for r in runs])

@@ -27,7 +27,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 import lmdb
 import msgspec
@@ -258,7 +258,7 @@ def _foreign(target: Path, carried: Sequence[str]) -> str:
     if strays:
         return f"it holds {', '.join(strays[:3])}" + (", ..." if len(strays) > 3 else "")
     data = target / DATA_FILE
-    if data.is_symlink() and not data.exists() or data.exists() and not data.is_file():
+    if (data.is_symlink() or data.exists()) and not data.is_file():
         return f"its {DATA_FILE} is not a regular file"  # a dangling link would be created at its target
     if not data.is_file():
         return ""
@@ -319,13 +319,14 @@ def foreign_databases(target: Path) -> str:
 
 
 def _shape_problem(env: lmdb.Environment) -> str:
-    def seen(reason: str) -> str:
+    def seen(reason: str) -> NoReturn:
         print(reason, flush=True)  # before anything later can fault
         sys.exit(0)
 
     # The entry count is in the meta page: read without walking a tree that may be cut short.
-    if env.stat()["entries"] > len(DB_NAMES):
-        seen(f"its LMDB environment is not a collector's ({env.stat()['entries']} entries in its main database)")
+    entries = env.stat()["entries"]
+    if entries > len(DB_NAMES):
+        seen(f"its LMDB environment is not a collector's ({entries} entries in its main database)")
     names: set[str] = set()
     with env.begin() as txn:
         for key, _ in txn.cursor():
