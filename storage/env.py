@@ -55,6 +55,16 @@ def parse_format(raw: bytes | memoryview | None, where: object) -> int:
         raise FormatError(f"{where} has a damaged storage format marker ({bytes(raw)[:16]!r})") from None
 
 
+def newer_format_problem(path: object, version: int) -> str | None:
+    """Why a directory of storage format `version` cannot be read by this collector, or None."""
+    if version > FORMAT_VERSION:
+        return (
+            f"data directory {path} has storage format {version}; this collector"
+            f" reads formats up to {FORMAT_VERSION}: upgrade the collector"
+        )
+    return None
+
+
 class Storage:
     """An open data directory. Thread-safe for reads; writes belong to the writer."""
 
@@ -121,11 +131,9 @@ class Storage:
                 return
             # Data without a marker was written before the marker existed: format 0.
             version = parse_format(raw, self.path)
-            if version > FORMAT_VERSION:
-                raise FormatError(
-                    f"data directory {self.path} has storage format {version}; this collector"
-                    f" reads formats up to {FORMAT_VERSION}: upgrade the collector"
-                )
+            newer = newer_format_problem(self.path, version)
+            if newer is not None:
+                raise FormatError(newer)
             while version < FORMAT_VERSION:
                 migrate = MIGRATIONS.get(version)
                 if migrate is None:

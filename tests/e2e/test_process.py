@@ -472,6 +472,13 @@ def test_bad_operator_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         txn.put(b"user:1", b"alice")
     foreign_env.close()
     foreign_data = (foreign / "data.mdb").read_bytes()
+    with_meta = tmp_path / "with-meta"  # another program's, with a database called meta (helper-58)
+    with_meta_env = lmdb.open(str(with_meta), max_dbs=2)
+    with with_meta_env.begin(write=True) as txn:
+        txn.put(b"schema", b"3", db=with_meta_env.open_db(b"meta", txn=txn))
+        txn.put(b"1", b"alice", db=with_meta_env.open_db(b"users", txn=txn))
+    with_meta_env.close()
+    with_meta_data = (with_meta / "data.mdb").read_bytes()
     served = tmp_path / "served"  # a real data directory (its default field key file is not there)
     run_cli("tenants", "import", str(write_tenants(tmp_path / "tenants.json")), data_dir=served)
 
@@ -499,6 +506,10 @@ def test_bad_operator_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         (["serve", "--data-dir", str(garbage), "--bind", "127.0.0.1:0"], "is not an LMDB environment"),
         (["serve", "--data-dir", str(foreign), "--bind", "127.0.0.1:0"], "not a collector's"),
         (["check", "--data-dir", str(foreign)], "not a collector's"),
+        (["serve", "--data-dir", str(with_meta), "--bind", "127.0.0.1:0"], "not a collector's (it has 'users')"),
+        (["tenants", "import", str(write_tenants(tmp_path / "more.json")), "--data-dir", str(with_meta)],
+         "not a collector's"),
+        (["tenants", "list", "--data-dir", str(with_meta)], "not a collector's"),
         (["check", "--data-dir", str(empty)], "no collector data"),
         (["keys", "rotate-field-key", "--data-dir", str(tmp_path / "typo")], "no data directory"),
         # reveal made the directory and a fresh field key before it looked (audit helper-32)
@@ -539,6 +550,7 @@ def test_bad_operator_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert not (tmp_path / "typo").exists()  # a read-only command created nothing
     assert list(empty.iterdir()) == []
     assert (foreign / "data.mdb").read_bytes() == foreign_data  # (its lock file only saw a reader come and go)
+    assert (with_meta / "data.mdb").read_bytes() == with_meta_data
     assert not (tmp_path / "keyless").exists()
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import lmdb
 
-from storage.datadir import data_dir_problem
+from storage.datadir import DB_NAMES, data_dir_problem
 from storage.env import Storage
 
 
@@ -40,4 +40,69 @@ def test_an_environment_larger_than_lmdb_default_map_is_read(tmp_path: Path) -> 
         for n in range(24):
             txn.put(f"pad{n}".encode(), bytes(512 * 1024), db=storage.dbs.meta)
     storage.close()  # (py-lmdb opens an environment once per process)
+    assert data_dir_problem(tmp_path / "data", create=False) is None
+
+
+def _environment(path: Path, databases: dict[bytes, dict[bytes, bytes]], main: dict[bytes, bytes] | None = None) -> bytes:
+    """Another program's LMDB environment with these named databases and main-database keys; its data.mdb."""
+    env = lmdb.open(str(path), max_dbs=len(databases) + 1)
+    with env.begin(write=True) as txn:
+        for name, rows in databases.items():
+            db = env.open_db(name, txn=txn)
+            for key, value in rows.items():
+                txn.put(key, value, db=db)
+        for key, value in (main or {}).items():
+            txn.put(key, value)
+    env.close()
+    return (path / "data.mdb").read_bytes()
+
+
+def _refused(path: Path, before: bytes, expected: str) -> None:
+    for create in (False, True):
+        problem = data_dir_problem(path, create=create) or ""
+        assert expected in problem, (create, problem)
+    assert (path / "data.mdb").read_bytes() == before
+
+
+def test_a_foreign_environment_with_a_meta_database_is_refused(tmp_path: Path) -> None:
+    # A database called meta vouched for the whole environment: every command
+    # but restore opened (and serve wrote into) another program's LMDB (helper-58).
+    before = _environment(tmp_path / "other", {b"meta": {b"schema": b"3"}, b"users": {b"1": b"alice"}})
+    _refused(tmp_path / "other", before, "not a collector's (it has 'users')")
+
+
+def test_a_meta_database_without_a_node_id_is_not_a_collectors(tmp_path: Path) -> None:
+    before = _environment(tmp_path / "other", {b"meta": {b"schema": b"3"}, b"keys": {b"k": b"v"}})
+    _refused(tmp_path / "other", before, "its meta database has no collector node id")
+
+
+def test_a_meta_key_that_is_no_database_is_not_a_collectors(tmp_path: Path) -> None:
+    before = _environment(tmp_path / "other", {}, main={b"meta": b"plain value"})
+    _refused(tmp_path / "other", before, "not a collector's")
+
+
+def test_a_main_database_with_more_entries_than_a_collector_has_databases_is_refused(tmp_path: Path) -> None:
+    before = _environment(tmp_path / "other", {}, main={f"user:{n}".encode(): b"x" for n in range(20)})
+    _refused(tmp_path / "other", before, "not a collector's (20 entries in its main database)")
+
+
+def test_a_later_collectors_extra_database_reads_as_a_later_format(tmp_path: Path) -> None:
+    Storage(tmp_path / "data").close()
+    env = lmdb.open(str(tmp_path / "data"), max_dbs=20)
+    with env.begin(write=True) as txn:
+        env.open_db(b"sessions", txn=txn)  # a database a later version added
+        txn.put(b"format", b"7", db=env.open_db(b"meta", txn=txn))
+    env.close()
+    before = (tmp_path / "data" / "data.mdb").read_bytes()
+    _refused(tmp_path / "data", before, "has storage format 7; this collector reads formats up to")
+
+
+def test_a_first_start_that_stopped_before_its_node_id_is_finished_by_the_next(tmp_path: Path) -> None:
+    # The databases are made in one transaction, the format marker and node id
+    # in the next: a start killed between them leaves an empty meta.
+    _environment(tmp_path / "data", {name.encode(): {} for name in DB_NAMES})
+    assert data_dir_problem(tmp_path / "data", create=True) is None
+    storage = Storage(tmp_path / "data")
+    assert len(storage.node_id) == 8
+    storage.close()
     assert data_dir_problem(tmp_path / "data", create=False) is None
