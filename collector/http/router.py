@@ -96,20 +96,28 @@ class Router:
         gets a 404 with the usual JSON body and X-Request-ID; otherwise the
         handshake is closed, which the server turns into a bare 403.
         """
+        started = time.perf_counter()
         message = await receive()
         if message["type"] != "websocket.connect":
             return
         request = Request({**scope, "method": "GET"})
         error = ServiceError("not_found", f"no WebSocket route is served at {request.path} yet")
-        self.services.metrics.count_request("unmatched", error.status)
-        if "websocket.http.response" not in scope.get("extensions", {}):
-            await send({"type": "websocket.close", "code": 1008})
-            return
-        body = render_error(error)
-        await send({
-            "type": "websocket.http.response.start",
-            "status": error.status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                        (b"x-request-id", request.request_id.encode("latin-1"))],
-        })
-        await send({"type": "websocket.http.response.body", "body": body})
+        denial = "websocket.http.response" in scope.get("extensions", {})
+        # Without the denial extension the server answers a handshake closed before it was accepted with 403.
+        status = error.status if denial else 403
+        try:
+            if denial:
+                body = render_error(error)
+                await send({
+                    "type": "websocket.http.response.start",
+                    "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"x-request-id", request.request_id.encode("latin-1"))],
+                })
+                await send({"type": "websocket.http.response.body", "body": body})
+            else:
+                await send({"type": "websocket.close", "code": 1008})
+        finally:  # (a client gone mid-answer is still a request that was refused)
+            self.services.metrics.count_request("unmatched", status)
+            if self.services.settings.access_log:
+                log_request(request, "unmatched", status, error.code, None, started)

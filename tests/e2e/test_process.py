@@ -438,13 +438,20 @@ def test_every_request_gets_an_access_line(tmp_path: Path) -> None:
             assert client.post("/metrics").status_code == 405
             assert client.get("/nowhere").status_code == 404
             assert client.options("/v1/events", headers={"Origin": "https://acme.com"}).status_code == 204
+        # a refused WebSocket handshake wrote none (helper-56)
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=5) as raw:
+            raw.sendall(b"GET /live/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                        b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+            assert raw.recv(4096).startswith(b"HTTP/1.1 404")
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
     lines = [json.loads(line) for line in log.read_text().splitlines() if '"msg":"request"' in line]
     assert [(line["route"], line["status"]) for line in lines] == [
-        ("/healthz", 200), ("/metrics", 405), ("unmatched", 404), ("/v1/events", 204)
+        ("/healthz", 200), ("/metrics", 405), ("unmatched", 404), ("/v1/events", 204), ("unmatched", 404)
     ], lines
+    assert lines[-1]["method"] == "GET" and lines[-1]["error"] == "not_found"
     assert all(line["requestId"] for line in lines)
 
 
