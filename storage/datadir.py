@@ -11,12 +11,14 @@ else's directory. So every command looks first, without writing anything:
 - `data.mdb` must be an LMDB environment;
 - its main database must name only databases of a collector: `meta` and the
   others, or some of the others (format 0, before the marker existed), or
-  nothing yet (a directory whose first start stopped early). A `meta` that
-  holds anything holds the collector's node id. Another program's environment
-  is refused even when it has a database called `meta`; one with databases a
-  later collector added is refused as a later storage format, as `Storage`
-  would. Read commands also need `meta`: an environment without data would
-  look like an empty store.
+  nothing yet (a directory whose first start stopped early); each a database,
+  not a plain value. `meta` holds both the format marker and the node id (a
+  collector writes them in one transaction) or neither (format 0, or a first
+  start that stopped early). Another program's environment is refused even
+  when it has a database called `meta`. A later storage format is refused
+  with `Storage`'s line, so that no command writes beside it (a rotated
+  field key). Read commands also need `meta`: an environment without data
+  would look like an empty store.
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ def _environment_problem(path: Path, data_file: Path, *, create: bool) -> str | 
     has_lock = (path / "lock.mdb").exists()
     map_size = 2 * data_file.stat().st_size + 64 * 1024 * 1024
     try:
-        env = lmdb.open(str(path), readonly=True, lock=has_lock, max_dbs=1, create=False, map_size=map_size)
+        env = lmdb.open(str(path), readonly=True, lock=has_lock, max_dbs=len(DB_NAMES), create=False,
+                        map_size=map_size)
     except lmdb.InvalidError as exc:
         return f"{path} is not an LMDB environment ({exc})"
     except lmdb.Error as exc:
@@ -91,62 +94,61 @@ def _environment_problem(path: Path, data_file: Path, *, create: bool) -> str | 
 
 
 class _Meta(NamedTuple):
-    """What a collector reads first from its meta database."""
+    """The keys a collector writes first into its meta database: both, or (format 0) neither."""
 
-    empty: bool  # a first start that stopped before writing its format marker and node id
     format: bytes | memoryview | None
     node_id: bytes | memoryview | None
+
+
+# Names are read to say which databases are extra; past this many main-database
+# entries (another program's keys) they are counted, not walked.
+_NAMES_SHOWN_UP_TO = 1000
 
 
 def _shape_problem(path: Path, env: lmdb.Environment, *, create: bool) -> str | None:
     """Why the environment's databases are not a collector's, or None."""
     not_ours = f"{path} holds an LMDB environment that is not a collector's"
+    entries = env.stat()["entries"]  # from the meta page: nothing walked yet
     with env.begin() as txn:
-        try:
-            meta = _read_meta(env, txn)
-        except lmdb.Error:
-            return f"{not_ours} (its 'meta' is not a database)"
-        # A collector's main database names its databases and nothing else. The
-        # count is on the meta page: another program's millions of keys are not walked.
-        entries = env.stat()["entries"]
-        names = set() if entries > len(DB_NAMES) else {
+        names = set() if entries > _NAMES_SHOWN_UP_TO else {
             bytes(key).decode("utf-8", "replace") for key, _ in txn.cursor()
         }
-    foreign = sorted(names - DB_NAMES)
-    if entries > len(DB_NAMES) or foreign:
-        newer = _newer_format(path, meta)
-        if newer is not None:
-            return newer  # a later collector's databases: its format says so plainly
-        if foreign:
-            return f"{not_ours} (it has {', '.join(repr(name) for name in foreign[:3])})"
-        return f"{not_ours} ({entries} entries in its main database)"
-    if meta is not None and not meta.empty and meta.node_id is None:
-        # Every collector writes its node id with its first format marker.
-        return f"{not_ours} (its meta database has no collector node id)"
-    if not create and meta is None:
+        known = sorted(names & DB_NAMES)
+        try:
+            # Each of the collector's names must be a database (a plain value
+            # would fail Storage's open); a flag mismatch is LMDB's "incompatible".
+            for name in known:
+                env.open_db(name.encode(), txn=txn, create=False)
+        except lmdb.IncompatibleError:
+            return f"{not_ours} (its {name!r} is not a database the collector made)"
+        meta = _read_meta(env, txn) if "meta" in names or entries > _NAMES_SHOWN_UP_TO else None
+    if meta is not None:
+        if (meta.format is None) != (meta.node_id is None):
+            # A collector writes both in one transaction (format 0 had neither).
+            return f"{not_ours} (its meta database has a format marker or a node id without the other)"
+        if meta.format is not None:
+            try:
+                newer = newer_format_problem(path, parse_format(meta.format, path))
+            except FormatError as exc:
+                return str(exc)
+            if newer is not None:
+                return newer  # Storage's own line, before any command writes (rotate-field-key's key file)
+    extra = sorted(names - DB_NAMES)
+    if entries > len(DB_NAMES) or extra:
+        shown = ", ".join(repr(name) for name in extra[:3]) or f"{entries} entries in its main database"
+        if meta is not None and meta.format is not None:
+            return (f"{path} has databases this collector does not use ({shown}); if a later collector"
+                    " wrote it, upgrade the collector")
+        return f"{not_ours} ({shown})" if not extra else f"{not_ours} (it has {shown})"
+    if not create and "meta" not in names:
         return f"no collector data in {path} (a wrong --data-dir or COLLECTOR_DATA_DIR?)"
     return None
 
 
 def _read_meta(env: lmdb.Environment, txn: lmdb.Transaction) -> _Meta | None:
-    """The meta database's first entries, None when there is none; lmdb.Error when `meta` is no database."""
+    """The format marker and node id in meta; None when there is no meta database."""
     try:
         meta = env.open_db(b"meta", txn=txn, create=False)
     except lmdb.NotFoundError:
         return None
-    return _Meta(
-        empty=not txn.stat(meta)["entries"],
-        format=txn.get(b"format", db=meta),
-        node_id=txn.get(b"node_id", db=meta),
-    )
-
-
-def _newer_format(path: Path, meta: _Meta | None) -> str | None:
-    """Storage's own refusal when `meta` is a collector's of a later storage format, else None."""
-    if meta is None or meta.node_id is None:
-        return None
-    try:
-        version = parse_format(meta.format, path)
-    except FormatError as exc:
-        return str(exc)
-    return newer_format_problem(path, version)
+    return _Meta(format=txn.get(b"format", db=meta), node_id=txn.get(b"node_id", db=meta))

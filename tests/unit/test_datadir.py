@@ -7,7 +7,8 @@ from pathlib import Path
 import lmdb
 
 from storage.datadir import DB_NAMES, data_dir_problem
-from storage.env import Storage
+from storage.env import FORMAT_VERSION, Storage
+from tests.unit.test_migrations import make_format_0
 
 
 def test_a_collector_directory_is_accepted_for_every_command(tmp_path: Path) -> None:
@@ -71,9 +72,29 @@ def test_a_foreign_environment_with_a_meta_database_is_refused(tmp_path: Path) -
     _refused(tmp_path / "other", before, "not a collector's (it has 'users')")
 
 
-def test_a_meta_database_without_a_node_id_is_not_a_collectors(tmp_path: Path) -> None:
-    before = _environment(tmp_path / "other", {b"meta": {b"schema": b"3"}, b"keys": {b"k": b"v"}})
-    _refused(tmp_path / "other", before, "its meta database has no collector node id")
+def test_a_meta_database_with_a_format_marker_and_no_node_id_is_not_a_collectors(tmp_path: Path) -> None:
+    # A collector writes both in one transaction; format 0 had neither.
+    before = _environment(tmp_path / "other", {b"meta": {b"format": b"1"}, b"keys": {b"k": b"v"}})
+    _refused(tmp_path / "other", before, "a format marker or a node id without the other")
+    before = _environment(tmp_path / "another", {b"meta": {b"node_id": b"x"}})
+    _refused(tmp_path / "another", before, "a format marker or a node id without the other")
+
+
+def test_a_format_0_directory_still_opens_and_migrates(tmp_path: Path) -> None:
+    # Its meta holds outbox_next_seq and no node id (helper-61: refused by every command).
+    make_format_0(tmp_path / "data")
+    assert data_dir_problem(tmp_path / "data", create=False) is None
+    assert data_dir_problem(tmp_path / "data", create=True) is None
+    storage = Storage(tmp_path / "data")
+    assert storage.format_version() == FORMAT_VERSION and storage.node_id
+    storage.close()
+    assert data_dir_problem(tmp_path / "data", create=False) is None
+
+
+def test_a_plain_value_named_like_a_collector_database_is_refused(tmp_path: Path) -> None:
+    # Storage's open failed on it with a storage error (exit 1) instead of one line and exit 2.
+    before = _environment(tmp_path / "other", {b"meta": {}}, main={b"visitors": b"plain"})
+    _refused(tmp_path / "other", before, "its 'visitors' is not a database the collector made")
 
 
 def test_a_meta_key_that_is_no_database_is_not_a_collectors(tmp_path: Path) -> None:
@@ -82,8 +103,11 @@ def test_a_meta_key_that_is_no_database_is_not_a_collectors(tmp_path: Path) -> N
 
 
 def test_a_main_database_with_more_entries_than_a_collector_has_databases_is_refused(tmp_path: Path) -> None:
-    before = _environment(tmp_path / "other", {}, main={f"user:{n}".encode(): b"x" for n in range(20)})
-    _refused(tmp_path / "other", before, "not a collector's (20 entries in its main database)")
+    # Another program's many keys are counted, not walked.
+    before = _environment(tmp_path / "other", {}, main={f"user:{n}".encode(): b"x" for n in range(1500)})
+    _refused(tmp_path / "other", before, "not a collector's (1500 entries in its main database)")
+    before = _environment(tmp_path / "few", {}, main={f"user:{n}".encode(): b"x" for n in range(20)})
+    _refused(tmp_path / "few", before, "not a collector's (it has 'user:0', 'user:1', 'user:10')")
 
 
 def test_a_later_collectors_extra_database_reads_as_a_later_format(tmp_path: Path) -> None:
@@ -95,6 +119,28 @@ def test_a_later_collectors_extra_database_reads_as_a_later_format(tmp_path: Pat
     env.close()
     before = (tmp_path / "data" / "data.mdb").read_bytes()
     _refused(tmp_path / "data", before, "has storage format 7; this collector reads formats up to")
+
+
+def test_a_later_format_is_refused_before_any_command_writes(tmp_path: Path) -> None:
+    # keys rotate-field-key has no other gate: it wrote a key file beside data Storage refuses (helper-61).
+    Storage(tmp_path / "data").close()
+    env = lmdb.open(str(tmp_path / "data"), max_dbs=20)
+    with env.begin(write=True) as txn:
+        txn.put(b"format", b"7", db=env.open_db(b"meta", txn=txn))
+    env.close()
+    before = (tmp_path / "data" / "data.mdb").read_bytes()
+    _refused(tmp_path / "data", before, "has storage format 7; this collector reads formats up to")
+
+
+def test_an_extra_database_beside_a_collectors_meta_names_both_readings(tmp_path: Path) -> None:
+    # A later collector may add a database without a new format: not called someone else's.
+    Storage(tmp_path / "data").close()
+    env = lmdb.open(str(tmp_path / "data"), max_dbs=20)
+    with env.begin(write=True) as txn:
+        env.open_db(b"sessions", txn=txn)
+    env.close()
+    before = (tmp_path / "data" / "data.mdb").read_bytes()
+    _refused(tmp_path / "data", before, "has databases this collector does not use ('sessions'); if a later")
 
 
 def test_a_first_start_that_stopped_before_its_node_id_is_finished_by_the_next(tmp_path: Path) -> None:
