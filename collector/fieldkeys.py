@@ -43,7 +43,7 @@ def key_file_path(settings: Settings) -> Path:
 
 
 def _write_new(path: Path, content: _KeyFile, *, replace: bool = False) -> None:
-    """Write atomically with owner-only permissions from the first byte.
+    """Write atomically with owner-only permissions from the first byte, owned as what it replaces.
 
     Creation links the finished file into place, which fails if another
     process got there first (so two first starts never hold different keys);
@@ -52,6 +52,11 @@ def _write_new(path: Path, content: _KeyFile, *, replace: bool = False) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    if os.geteuid() == 0:
+        # An operator command run as root (README, systemd) must leave the file
+        # to the service's user: a root-owned 0600 key stopped the next start.
+        owner = (path if path.exists() else path.parent).stat()
+        os.fchown(fd, owner.st_uid, owner.st_gid)
     with os.fdopen(fd, "wb") as handle:
         handle.write(msgspec.json.format(msgspec.json.encode(content)))
         handle.flush()

@@ -189,6 +189,22 @@ def test_cli_key_rotation(tmp_path: Path) -> None:
     assert listed[BROWSER_KEY]["revokedAt"]
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another user")
+def test_a_field_key_rotated_by_root_stays_the_service_users(tmp_path: Path) -> None:
+    # README: operator commands may run as root on the directory. A root-owned
+    # 0600 key file then stopped the service's next start (helper-63).
+    data_dir = tmp_path / "data"
+    run_cli("tenants", "import", str(write_tenants(tmp_path / "t.json")), data_dir=data_dir)
+    service_user = 65534  # nobody
+    for path in (data_dir, *data_dir.iterdir()):
+        os.chown(path, service_user, service_user)
+    for _ in range(2):  # the first rotation creates the file (owned as the directory), the next replaces it
+        run_cli("keys", "rotate-field-key", data_dir=data_dir)
+        key_file = data_dir / "field-keys.json"
+        assert (key_file.stat().st_uid, key_file.stat().st_gid) == (service_user, service_user)
+        assert key_file.stat().st_mode & 0o777 == 0o600
+
+
 def test_cli_stream_token_mint(tmp_path: Path) -> None:
     from collector.access.stream_tokens import key_fingerprint, verify
     from storage.env import Storage
