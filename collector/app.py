@@ -35,6 +35,7 @@ from collector.http.asgi import Receive, Scope, Send, send_response
 from collector.http.client_address import TrustedProxies
 from collector.http.connections import Connection, ConnectionGuard, OpenSends
 from collector.http.drain import Drain
+from collector.http.framing import CloseAmbiguouslyFramed
 from collector.http.ingest import make_ingest_handler
 from collector.http.ops import ops_handlers
 from collector.http.replay import make_replay_handler
@@ -394,7 +395,7 @@ async def _serve_http(
     is refused by Drain before it can commit). graceful_timeout bounds the
     whole drain.
     """
-    drain = Drain(app, access_log=app.services.settings.access_log)
+    drain = Drain(CloseAmbiguouslyFramed(app), access_log=app.services.settings.access_log)
     asgi = wrap_app(drain, config.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]
     config.set_statsd_logger_class(StatsdLogger)
     state: LifespanState = {}

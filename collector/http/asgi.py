@@ -170,6 +170,17 @@ class BodyTracker:
         return False
 
 
+def closing_connection(send: Send) -> Send:
+    """`send`, with `Connection: close` added to the response head: h11 ends the connection after it."""
+
+    async def closing_send(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+        await send(message)
+
+    return closing_send
+
+
 async def send_response(
     send: Send,
     status: int,

@@ -13,7 +13,6 @@ response may never reach the client.
 from __future__ import annotations
 
 import time
-from functools import partial
 from math import inf
 from typing import Any
 
@@ -21,10 +20,8 @@ import trio
 
 from collector.errors import ServiceError, render_error
 from collector.http.access_log import log_request
-from collector.http.asgi import Receive, Request, Scope, Send, send_response
+from collector.http.asgi import Receive, Request, Scope, Send, closing_connection, send_response
 from collector.http.headers import cors_headers
-
-CLOSE = (b"connection", b"close")
 
 
 class Drain:
@@ -72,14 +69,9 @@ class Drain:
         self.in_flight += 1
         self.last_start = trio.current_time()
         try:
-            await self.app(scope, receive, partial(self._send, send))
+            await self.app(scope, receive, closing_connection(send))
         finally:
             self.in_flight -= 1
-
-    async def _send(self, send: Send, message: Any) -> None:
-        if message["type"] == "http.response.start":
-            message = {**message, "headers": [*message.get("headers", ()), CLOSE]}
-        await send(message)
 
     async def wait_idle(self, quiet_s: float) -> None:
         """Until no request is in flight and none started for `quiet_s`."""

@@ -42,6 +42,7 @@ from collector.ingest.schema import (
     AnyEvent,
     Batch,
     BotInfo,
+    Click,
     ConsentTransition,
     Enrichment,
     Form,
@@ -49,7 +50,9 @@ from collector.ingest.schema import (
     Pageview,
     Scroll,
 )
+from collector.ingest.scrub import scrub_text
 from collector.ingest.sealing import seal_sensitive
+from collector.ingest.shape import refuse_ambiguous_shape
 from collector.ingest.validate import check_event, rewrite_platform
 
 MAX_BATCH = 25
@@ -218,7 +221,8 @@ def _decode_typed(body: bytes) -> tuple[list[AnyEvent | EventIssue], bool] | Non
 
     None when the body is not a batch of 1 to 25 valid events nor one valid
     event. The shape is only a candidate: a body with both "events" and "type"
-    is one event, which the key probe (or _decode_events) settles.
+    is taken for one event by the key probe (or _decode_events), and then
+    refused as neither shape (shape.refuse_ambiguous_shape).
     """
     try:
         events: list[AnyEvent | EventIssue] = list(_typed_batch_decoder.decode(body).events)
@@ -338,6 +342,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
         decoded = decode_json(body)
         refuse_payment_data(body, decoded)
         events, single = _decode_events(body, decoded, typed)
+    refuse_ambiguous_shape(body, decoded, single=single)
     # The server fields between "eid" and "bot", as Enrichment encodes them when
     # there is no clientTimestamp and nothing withheld (without the closing brace).
     server_tail = _encoder.encode(Enrichment("", ctx.client_id, ctx.site_id, ctx.now_ms))[_EMPTY_EID:-1]
@@ -380,6 +385,10 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
         if drop is not None:
             dropped.append(DroppedEvent(index, eid, drop))
             continue
+        if isinstance(event, Click):
+            text = scrub_text(event.element.text)
+            if text != event.element.text:  # stored scrubbed; the id keeps the content the client sent
+                to_store = msgspec.structs.replace(event, element=msgspec.structs.replace(event.element, text=text))
         client_json, content_hash, legacy_hash = _content_hashes(event, ctx)
         if isinstance(to_store, Form | Identify):
             to_store = seal_sensitive(to_store, ctx.sealer, ctx.client_id, eid)

@@ -519,3 +519,74 @@ async def test_responses_do_not_advertise_the_server_stack(server: RunningServer
     response = await server.client.post("/v1/events", json=pageview("quiet"), headers=H)
     assert response.status_code == 202 and "server" not in response.headers
     assert "date" in response.headers  # RFC 9110: an origin server with a clock sends Date
+
+
+async def test_a_request_framed_two_ways_is_answered_then_its_connection_closed(server: RunningServer) -> None:
+    # RFC 9112 6.3: with both Transfer-Encoding and Content-Length the server must
+    # close after responding, or a proxy that framed by Content-Length would have
+    # the rest read as a next request (helper-62: the pipelined GET was served).
+    host, port = server.base_url.removeprefix("http://").split(":")
+    body = json.dumps(pageview("framed")).encode()
+    head = (f"POST /v1/events HTTP/1.1\r\nHost: {host}\r\nX-API-Key: {BROWSER_KEY}\r\n"
+            f"Origin: https://acme.com\r\nContent-Type: application/json\r\nContent-Length: 5\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n").encode()
+    request = head + b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n"
+    smuggled = f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    stream = await trio.open_tcp_stream(host, int(port))
+    async with stream:
+        await stream.send_all(request + smuggled)
+        raw = b""
+        with trio.fail_after(5):
+            while chunk := await stream.receive_some():
+                raw += chunk
+    assert raw.startswith(b"HTTP/1.1 202"), raw
+    assert b"connection: close" in raw.partition(b"\r\n\r\n")[0].lower()
+    assert raw.count(b"HTTP/1.1 ") == 1, raw  # the pipelined request was never read
+    stored = [row for row in await outbox_dump(server.data_dir) if row.get("eid") == "framed"]
+    assert len(stored) == 1
+
+
+async def test_a_request_framed_one_way_keeps_its_connection(server: RunningServer) -> None:
+    host, port = server.base_url.removeprefix("http://").split(":")
+    stream = await trio.open_tcp_stream(host, int(port))
+    async with stream:
+        await stream.send_all(f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode() * 2)
+        raw = b""
+        with trio.fail_after(5):
+            while raw.count(b"HTTP/1.1 200") < 2:
+                raw += await stream.receive_some()
+    assert b"connection: close" not in raw.lower()
+
+
+async def test_a_body_in_neither_shape_is_refused_and_stores_nothing(server: RunningServer) -> None:
+    # Decoders keep the last of repeated keys and ignore unknown fields: two
+    # "events" arrays stored the second alone, an event carrying an "events"
+    # array stored the event alone, each with a 202 that hid it (helper-62).
+    first, second = json.dumps([pageview("shape-1")]), json.dumps([pageview("shape-2")])
+    bodies = {
+        f'{{"events": {first}, "events": {second}}}': 'more than one "events" array',
+        json.dumps({**pageview("shape-3"), "events": [pageview("shape-4")]}): 'one event ("type") and a batch',
+    }
+    for body, message in bodies.items():
+        response = await server.client.post("/v1/events", content=body.encode(), headers=H)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"] == "validation_error" and message in response.json()["message"]
+    assert not [row for row in await outbox_dump(server.data_dir) if str(row.get("eid", "")).startswith("shape-")]
+    # "events" twice in the bytes, once as a key: an ordinary batch
+    response = await server.client.post("/v1/events", json={"events": [pageview("shape-5b"), click("shape-6")],
+                                                            "note": "events"}, headers=H)
+    assert response.status_code == 202 and response.json()["accepted"] == 2, response.text
+
+
+async def test_a_clicks_text_is_stored_scrubbed_of_personal_data(server: RunningServer) -> None:
+    # Spec 2.3: element.text is "scrubbed of personal data"; it was stored as sent (helper-62).
+    text = "Email jane.doe@example.com or call +1 415 555 0100"
+    event = click("scrubbed", element={"selector": "a.contact", "text": text, "x": 1, "y": 2})
+    response = await server.client.post("/v1/events", json=event, headers=H)
+    assert response.status_code == 202 and response.json()["accepted"] == 1, response.text
+    again = await server.client.post("/v1/events", json=event, headers=H)
+    assert again.json()["duplicates"] == 1  # the id keeps the content the client sent
+    stored = [row for row in await outbox_dump(server.data_dir) if row.get("eid") == "scrubbed"]
+    assert len(stored) == 1
+    assert "jane" not in json.dumps(stored) and "555" not in json.dumps(stored)
+    assert "Email [email] or call [phone]" in json.dumps(stored)

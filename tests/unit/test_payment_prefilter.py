@@ -221,11 +221,12 @@ def test_what_the_generic_decoder_refuses_in_unknown_fields_is_still_invalid_jso
     assert outcome(single)[0] == "invalid_json"  # type: ignore[index]
 
 
-def test_body_with_events_and_type_is_one_event() -> None:
+def test_body_with_events_and_type_is_refused_on_either_path() -> None:
+    # It was read as one event, its array ignored (helper-62): now neither shape, refused.
     event = _event("pageview", 0)
-    body = msgspec.json.encode(event | {"events": [event]})
-    fast = prepare_batch(body, CTX)
-    assert fast.single and fast.received == 1
+    for body in (msgspec.json.encode(event | {"events": [event]}), msgspec.json.encode({"events": [event]} | event)):
+        with pytest.raises(ServiceError, match="one event"):
+            prepare_batch(body, CTX)
 
 
 @pytest.mark.parametrize(
