@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import ipaddress
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from typing import Annotated, Any
@@ -112,21 +113,33 @@ def load_settings(
 ) -> Settings:
     """Merge the three sources; raises SettingsError naming a bad or unknown field."""
     merged: dict[str, Any] = _from_environment(environ)
+    # Where each value came from, for the error: an operator command refused for
+    # a COLLECTOR_* variable meant for serve must say which variable.
+    sources = {name: f"environment variable COLLECTOR_{name.upper()}" for name in merged}
     if config_file:
         try:
             with open(config_file, "rb") as handle:
-                merged.update(tomllib.load(handle))
+                from_file = tomllib.load(handle)
         except OSError as exc:
             raise SettingsError(f"cannot read config file {config_file}: {exc.strerror}") from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise SettingsError(f"config file {config_file} is not valid TOML: {exc}") from None
-    merged.update({k: v for k, v in flags.items() if v is not None and v != []})
+        merged.update(from_file)
+        sources.update(dict.fromkeys(from_file, f"config file {config_file}"))
+    from_flags = {k: v for k, v in flags.items() if v is not None and v != []}
+    merged.update(from_flags)
+    sources.update(dict.fromkeys(from_flags, "the command line"))
     try:
         # strict=False lets environment strings become numbers and booleans
         settings = msgspec.convert(merged, Settings, strict=False)
     except msgspec.ValidationError as exc:
-        raise SettingsError(f"invalid setting: {exc}") from None
-    _check_bind(settings.bind)
+        field = re.search(r"at `\$\.(\w+)", str(exc))
+        source = sources.get(field.group(1)) if field else None
+        raise SettingsError(f"invalid setting: {exc}" + (f" (from {source})" if source else "")) from None
+    try:
+        _check_bind(settings.bind)
+    except SettingsError as exc:
+        raise SettingsError(f"{exc} (from {sources['bind']})" if "bind" in sources else str(exc)) from None
     if settings.map_size_mb > settings.max_map_size_mb:
         raise SettingsError(
             f"invalid setting: map_size_mb ({settings.map_size_mb}; the default is 64) is over"

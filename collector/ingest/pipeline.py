@@ -78,6 +78,8 @@ def decode_json(body: bytes) -> object:
     try:
         return _generic_decoder.decode(body)
     except msgspec.DecodeError as exc:
+        if body.startswith(b"\xef\xbb\xbf"):  # RFC 8259 8.1: senders must not add one
+            raise ServiceError("invalid_json", "body starts with a byte order mark (EF BB BF): send the JSON without it") from None
         raise ServiceError("invalid_json", f"body is not valid JSON: {exc}") from None
     except UnicodeDecodeError:
         raise ServiceError("invalid_json", "body is not valid UTF-8") from None

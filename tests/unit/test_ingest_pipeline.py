@@ -214,6 +214,13 @@ def test_invalid_json_utf8_and_nesting() -> None:
         assert info.value.code in {"invalid_json", "validation_error"}
 
 
+def test_a_byte_order_mark_is_named() -> None:
+    body = b"\xef\xbb\xbf" + msgspec.json.encode(event())
+    with pytest.raises(ServiceError, match="byte order mark") as info:
+        prepare_batch(body, ctx())
+    assert info.value.code == "invalid_json"
+
+
 def test_event_over_120000_bytes() -> None:
     values = {f"f{i}": "v" * 9_000 for i in range(14)}
     refused(event(type="form", action="submit", formId="f", fieldCount=14, values=values), "batch_too_large")

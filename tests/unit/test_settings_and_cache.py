@@ -118,3 +118,18 @@ def test_a_field_key_file_that_is_not_utf8_is_refused(tmp_path: Path) -> None:
     path.chmod(0o600)
     with pytest.raises(KeyFileError, match="is not valid"):
         load_or_create(path)
+
+
+def test_a_bad_setting_names_where_it_came_from(tmp_path: Path) -> None:
+    # An operator command refused for a COLLECTOR_* variable meant for serve said
+    # only `$.workers` (helper-63).
+    with pytest.raises(SettingsError, match=r"workers.*\(from environment variable COLLECTOR_WORKERS\)"):
+        load_settings({}, environ={"COLLECTOR_WORKERS": "abc"})
+    with pytest.raises(SettingsError, match=r"'localhost' \(from environment variable COLLECTOR_BIND\)"):
+        load_settings({}, environ={"COLLECTOR_BIND": "localhost"})
+    config = tmp_path / "c.toml"
+    config.write_text("workers = 0\n")
+    with pytest.raises(SettingsError, match=rf"\(from config file {config}\)"):
+        load_settings({}, config_file=str(config), environ={"COLLECTOR_WORKERS": "2"})
+    with pytest.raises(SettingsError, match=r"'nowhere' \(from the command line\)"):
+        load_settings({"bind": "nowhere"}, environ={"COLLECTOR_BIND": "127.0.0.1:1"})
