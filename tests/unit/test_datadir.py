@@ -110,36 +110,33 @@ def test_a_main_database_with_more_entries_than_a_collector_has_databases_is_ref
     _refused(tmp_path / "few", before, "not a collector's (it has 'user:0', 'user:1', 'user:10')")
 
 
-def test_a_later_collectors_extra_database_reads_as_a_later_format(tmp_path: Path) -> None:
-    Storage(tmp_path / "data").close()
-    env = lmdb.open(str(tmp_path / "data"), max_dbs=20)
+def _collector_directory(path: Path, *, extra_database: bytes | None = None, marker: bytes | None = None) -> bytes:
+    """A real collector directory, then changed as a later collector might have; its data.mdb."""
+    Storage(path).close()
+    env = lmdb.open(str(path), max_dbs=20)
     with env.begin(write=True) as txn:
-        env.open_db(b"sessions", txn=txn)  # a database a later version added
-        txn.put(b"format", b"7", db=env.open_db(b"meta", txn=txn))
+        if extra_database is not None:
+            env.open_db(extra_database, txn=txn)
+        if marker is not None:
+            txn.put(b"format", marker, db=env.open_db(b"meta", txn=txn))
     env.close()
-    before = (tmp_path / "data" / "data.mdb").read_bytes()
+    return (path / "data.mdb").read_bytes()
+
+
+def test_a_later_collectors_extra_database_reads_as_a_later_format(tmp_path: Path) -> None:
+    before = _collector_directory(tmp_path / "data", extra_database=b"sessions", marker=b"7")
     _refused(tmp_path / "data", before, "has storage format 7; this collector reads formats up to")
 
 
 def test_a_later_format_is_refused_before_any_command_writes(tmp_path: Path) -> None:
     # keys rotate-field-key has no other gate: it wrote a key file beside data Storage refuses (helper-61).
-    Storage(tmp_path / "data").close()
-    env = lmdb.open(str(tmp_path / "data"), max_dbs=20)
-    with env.begin(write=True) as txn:
-        txn.put(b"format", b"7", db=env.open_db(b"meta", txn=txn))
-    env.close()
-    before = (tmp_path / "data" / "data.mdb").read_bytes()
+    before = _collector_directory(tmp_path / "data", marker=b"7")
     _refused(tmp_path / "data", before, "has storage format 7; this collector reads formats up to")
 
 
 def test_an_extra_database_beside_a_collectors_meta_names_both_readings(tmp_path: Path) -> None:
     # A later collector may add a database without a new format: not called someone else's.
-    Storage(tmp_path / "data").close()
-    env = lmdb.open(str(tmp_path / "data"), max_dbs=20)
-    with env.begin(write=True) as txn:
-        env.open_db(b"sessions", txn=txn)
-    env.close()
-    before = (tmp_path / "data" / "data.mdb").read_bytes()
+    before = _collector_directory(tmp_path / "data", extra_database=b"sessions")
     _refused(tmp_path / "data", before, "has databases this collector does not use ('sessions'); if a later")
 
 
