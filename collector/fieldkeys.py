@@ -52,22 +52,32 @@ def _write_new(path: Path, content: _KeyFile, *, replace: bool = False) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    if os.geteuid() == 0:
-        # An operator command run as root (README, systemd) must leave the file
-        # to the service's user: a root-owned 0600 key stopped the next start.
-        owner = (path if path.exists() else path.parent).stat()
-        os.fchown(fd, owner.st_uid, owner.st_gid)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(msgspec.json.format(msgspec.json.encode(content)))
-        handle.flush()
-        os.fsync(handle.fileno())
     try:
+        with os.fdopen(fd, "wb") as handle:
+            _keep_owner(handle.fileno(), path)
+            handle.write(msgspec.json.format(msgspec.json.encode(content)))
+            handle.flush()
+            os.fsync(handle.fileno())
         if replace:
             os.replace(temp, path)
         else:
             os.link(temp, path)
     finally:
         temp.unlink(missing_ok=True)
+
+
+def _keep_owner(fd: int, path: Path) -> None:
+    """Run as root, give the new file the owner of the one it replaces, or of its directory.
+
+    An operator command run as root (README, systemd) must leave the file to
+    the service's user: a root-owned 0600 key stopped the next start. Best
+    effort: root without CAP_CHOWN (or root-squashed NFS) writes as before.
+    """
+    if os.geteuid() != 0:
+        return
+    owner = (path if path.exists() else path.parent).stat()
+    with contextlib.suppress(PermissionError):
+        os.fchown(fd, owner.st_uid, owner.st_gid)
 
 
 def _read(path: Path) -> _KeyFile:

@@ -121,7 +121,10 @@ def _shape_problem(path: Path, env: lmdb.Environment, *, create: bool) -> str | 
                 env.open_db(name.encode(), txn=txn, create=False)
         except lmdb.IncompatibleError:
             return f"{not_ours} (its {name!r} is not a database the collector made)"
-        meta = _read_meta(env, txn) if "meta" in names or entries > _NAMES_SHOWN_UP_TO else None
+        try:
+            meta = _read_meta(env, txn) if "meta" in names or entries > _NAMES_SHOWN_UP_TO else None
+        except lmdb.IncompatibleError:  # (names not walked: a plain value called meta)
+            return f"{not_ours} (its 'meta' is not a database the collector made)"
     if meta is not None:
         if (meta.format is None) != (meta.node_id is None):
             # A collector writes both in one transaction (format 0 had neither).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -203,6 +204,13 @@ def test_a_field_key_rotated_by_root_stays_the_service_users(tmp_path: Path) -> 
         key_file = data_dir / "field-keys.json"
         assert (key_file.stat().st_uid, key_file.stat().st_gid) == (service_user, service_user)
         assert key_file.stat().st_mode & 0o777 == 0o600
+    if shutil.which("setpriv"):
+        # root without CAP_CHOWN: the rotation still succeeds, as before, leaving no temp file (helper-64)
+        without_chown = subprocess.run(
+            ["setpriv", "--inh-caps=-chown", "--bounding-set=-chown", sys.executable, "-m", "collector", "keys",
+             "rotate-field-key", "--data-dir", str(data_dir)], capture_output=True, text=True, timeout=60)
+        assert without_chown.returncode == 0, without_chown.stderr
+        assert sorted(path.name for path in data_dir.iterdir()) == ["data.mdb", "field-keys.json", "lock.mdb"]
 
 
 def test_cli_stream_token_mint(tmp_path: Path) -> None:

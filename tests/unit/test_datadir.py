@@ -106,6 +106,9 @@ def test_a_main_database_with_more_entries_than_a_collector_has_databases_is_ref
     # Another program's many keys are counted, not walked.
     before = _environment(tmp_path / "other", {}, main={f"user:{n}".encode(): b"x" for n in range(1500)})
     _refused(tmp_path / "other", before, "not a collector's (1500 entries in its main database)")
+    many = {f"user:{n}".encode(): b"x" for n in range(1500)}
+    before = _environment(tmp_path / "plain-meta", {}, main={**many, b"meta": b"plain"})  # (helper-64)
+    _refused(tmp_path / "plain-meta", before, "not a collector's (its 'meta' is not a database the collector made)")
     before = _environment(tmp_path / "few", {}, main={f"user:{n}".encode(): b"x" for n in range(20)})
     _refused(tmp_path / "few", before, "not a collector's (it has 'user:0', 'user:1', 'user:10')")
 

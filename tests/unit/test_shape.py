@@ -27,3 +27,20 @@ def test_a_single_event_and_an_ordinary_batch_pass() -> None:
     refuse_ambiguous_shape(b'{"type": "pageview"}', {"type": "pageview"}, single=True)
     refuse_ambiguous_shape(b'{"type": "pageview"}', None, single=True)
     refuse_ambiguous_shape(b'{"events": [{"type": "pageview"}]}', None, single=False)
+
+
+def test_a_repeat_spelt_with_escapes_is_refused() -> None:
+    # helper-64: {"events":[A],"\u0065vents":[B]} stored B alone with a 202.
+    for body in (rb'{"events": [{"a": 1}], "\u0065vents": [{"b": 2}]}',
+                 rb'{"e\u0076ents": [{"a": 1}], "event\u0073": [{"b": 2}]}'):
+        with pytest.raises(ServiceError, match='more than one "events" array'):
+            refuse_ambiguous_shape(body, None, single=False)
+    refuse_ambiguous_shape(rb'{"events": [{"title": "caf\u00e9 \u00e8vents"}]}', None, single=False)
+
+
+def test_a_repeat_too_deep_to_check_is_refused_not_let_through() -> None:
+    # msgspec reads a few levels deeper than json; helper-64 got a 202 that kept the second array alone.
+    deep = b"[" * 2000 + b"]" * 2000
+    body = b'{"events": [{"a": ' + deep + b'}], "events": [{"b": 2}]}'
+    with pytest.raises(ServiceError, match="nested too deeply"):
+        refuse_ambiguous_shape(body, None, single=False)
