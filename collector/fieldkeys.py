@@ -51,6 +51,8 @@ def _write_new(path: Path, content: _KeyFile, *, replace: bool = False) -> None:
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # One left by a killed earlier process that had this pid (containers reuse them) is stale.
+    temp.unlink(missing_ok=True)
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -70,14 +72,24 @@ def _keep_owner(fd: int, path: Path) -> None:
     """Run as root, give the new file the owner of the one it replaces, or of its directory.
 
     An operator command run as root (README, systemd) must leave the file to
-    the service's user: a root-owned 0600 key stopped the next start. Best
-    effort: root without CAP_CHOWN (or root-squashed NFS) writes as before.
+    the service's user: a root-owned 0600 key stopped the next start. Root
+    without CAP_CHOWN (or on root-squashed NFS) creates a first key as root,
+    and refuses to replace another user's.
     """
     if os.geteuid() != 0:
         return
-    owner = (path if path.exists() else path.parent).stat()
-    with contextlib.suppress(PermissionError):
+    replaced = path.exists()
+    owner = (path if replaced else path.parent).stat()
+    try:
         os.fchown(fd, owner.st_uid, owner.st_gid)
+    except PermissionError:
+        if replaced and owner.st_uid != 0:
+            # Replacing a key its owner can read with one it cannot would stop
+            # the service's next start without a word (helper-65): refuse instead.
+            raise KeyFileError(
+                f"cannot give the new field key file to uid {owner.st_uid}, the owner of {path}"
+                " (no CAP_CHOWN): run the command as that user; nothing was changed"
+            ) from None
 
 
 def _read(path: Path) -> _KeyFile:

@@ -30,13 +30,30 @@ MAX_TEXT = 512  # spec 8.1; a marker can be longer than what it replaced
 _EMAIL = re.compile(r"(?<![\w.!#$%&'*+/=?^`{|}~-])[\w.!#$%&'*+/=?^`{|}~-]+@[\w-]+(?:\.[\w-]+)+")
 _SSN = re.compile(r"(?<![\w-])(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}(?![\w-])")
 _END = r"(?![\w-]|[.,]\d)"  # not glued to a word, and not the integer part of a decimal
+# A date and what follows it ("01/02/2024 10", "01 02 2024 10", "2024 12 31"), years
+# ("2024 2025 2026"), a US ZIP+4 and a grouped amount ("+12 345 678", "15.000.000")
+# are not phone numbers, whatever the digit count.
+_NOT_A_PHONE = re.compile(
+    r"(?:0?\d[/.-][0-3]?\d[/.-]\d{2,4}|0?\d\s[0-3]?\d\s(?:19|20)\d\d)\b.*"
+    r"|(?:19|20)\d\d(?:[\s/.-]+(?:(?:19|20)\d\d|\d{1,2}))+"
+    r"|\d{5}-\d{4}|\+?\d{1,3}(?:(?P<sep>[.,\s])\d{3})(?:(?P=sep)\d{3})*",
+    re.S,
+)
+# Where a number starts: not glued to a word or another number, nor the next group
+# of one written in groups (an IBAN's "DE89 3704 0044 0532").
+_NEW_NUMBER = r"(?<![\w.,+/-])(?<!\d\s)"
+_WORD = r"(?i:(?<!\w)(?:tel|phone|call|mobile|mob|cell|fax|whatsapp|telefon|tel[eé]fono|t[eé]l[eé]phone|tlf|电话|電話)\b)"
 _PHONES = (
+    # international: + or 00 and a country code
     (re.compile(r"(?<![\d+])\+\d[\d\s().\-/]{5,22}\d" + _END), 8, 15),
-    (re.compile(r"(?i:(?<!\w)(?:tel|phone|call|mobile|mob|cell|fax|whatsapp|telefon|t[eé]l[eé]phone)\b)"
-                r"[.:]*\s*(?P<number>\+?[\d(][\d\s().\-/]{4,22}\d)" + _END), 7, 15),
-    (re.compile(r"(?<![\w.+-])(?:\(\d{3}\)\s?|\d{3}[-.\s])\d{3}[-.\s]\d{4}" + _END), 10, 10),
-    # possessive: a long run of digits fails at once instead of trying every way to split it
-    (re.compile(r"(?<![\w.,+/-])0\d{1,4}+(?:[\s/-]?\d{2,8}+){1,4}+" + _END), 9, 11),
+    (re.compile(_NEW_NUMBER + r"00\s?[1-9][\d\s().\-/]{6,22}\d" + _END), 10, 17),
+    # after a word that names a phone
+    (re.compile(_WORD + r"[.:：]*\s*(?P<number>\+?[\d(][\d\s().\-/]{4,22}\d)" + _END), 7, 15),
+    # North American, with or without its leading 1
+    (re.compile(r"(?<![\w.+-])(?:1[-.\s])?(?:\(\d{3}\)\s?|\d{3}[-.\s])\d{3}[-.\s]\d{4}" + _END), 10, 11),
+    # national, starting with 0 or with an area code in brackets; possessive: a long
+    # run of digits fails at once instead of trying every way to split it
+    (re.compile(_NEW_NUMBER + r"(?:0\d{1,4}+|\(0\d{1,4}\)\s?)(?:[\s/-]?\d{2,8}+){1,4}+" + _END), 9, 11),
 )
 _DIGIT = re.compile(r"\d")
 _SEVEN_DIGITS = re.compile(r"(?:\D*\d){7}")  # fewer: no phone number or SSN can be there
@@ -51,11 +68,20 @@ def scrub_text(text: str) -> str:
         scrubbed = _SSN.sub("[ssn]", scrubbed)
         for pattern, fewest, most in _PHONES:
             scrubbed = pattern.sub(partial(_phone, fewest=fewest, most=most), scrubbed)
-    return scrubbed[:MAX_TEXT] if scrubbed is not text else text
+    return _cut(scrubbed) if scrubbed is not text else text
 
 
 def _phone(found: re.Match[str], *, fewest: int, most: int) -> str:
     number = found.group("number") if "number" in found.re.groupindex else found.group()
-    if not fewest <= len(_DIGIT.findall(number)) <= most:
+    if not fewest <= len(_DIGIT.findall(number)) <= most or _NOT_A_PHONE.fullmatch(number):
         return found.group()
     return found.group().replace(number, "[phone]")
+
+
+def _cut(text: str) -> str:
+    """`text` within MAX_TEXT characters, never ending in half a marker."""
+    if len(text) <= MAX_TEXT:
+        return text
+    cut = text[:MAX_TEXT]
+    opened = cut.rfind("[")
+    return cut[:opened] if opened != -1 and "]" not in cut[opened:] else cut

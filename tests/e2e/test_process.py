@@ -204,12 +204,15 @@ def test_a_field_key_rotated_by_root_stays_the_service_users(tmp_path: Path) -> 
         key_file = data_dir / "field-keys.json"
         assert (key_file.stat().st_uid, key_file.stat().st_gid) == (service_user, service_user)
         assert key_file.stat().st_mode & 0o777 == 0o600
+    before = key_file.read_bytes()
     if shutil.which("setpriv"):
-        # root without CAP_CHOWN: the rotation still succeeds, as before, leaving no temp file (helper-64)
+        # Root without CAP_CHOWN cannot give the new key away: it refuses and changes
+        # nothing, where a root-owned key would stop the service's next start (helpers 64, 65).
         without_chown = subprocess.run(
             ["setpriv", "--inh-caps=-chown", "--bounding-set=-chown", sys.executable, "-m", "collector", "keys",
              "rotate-field-key", "--data-dir", str(data_dir)], capture_output=True, text=True, timeout=60)
-        assert without_chown.returncode == 0, without_chown.stderr
+        assert without_chown.returncode == 2 and "no CAP_CHOWN" in without_chown.stderr, without_chown.stderr
+        assert key_file.read_bytes() == before and key_file.stat().st_uid == service_user
         assert sorted(path.name for path in data_dir.iterdir()) == ["data.mdb", "field-keys.json", "lock.mdb"]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,15 @@ def test_a_bad_setting_names_where_it_came_from(tmp_path: Path) -> None:
         load_settings({}, config_file=str(config), environ={"COLLECTOR_WORKERS": "2"})
     with pytest.raises(SettingsError, match=r"'nowhere' \(from the command line\)"):
         load_settings({"bind": "nowhere"}, environ={"COLLECTOR_BIND": "127.0.0.1:1"})
+
+
+def test_a_stale_temp_key_file_of_this_pid_does_not_block_a_rotation(tmp_path: Path) -> None:
+    # A rotation killed between writing and renaming leaves .field-keys.json.<pid>.tmp;
+    # in a container the next run often has the same pid, and O_EXCL failed every time (helper-65).
+    from collector import fieldkeys
+
+    path = tmp_path / "field-keys.json"
+    fieldkeys.load_or_create(path)
+    (tmp_path / f".field-keys.json.{os.getpid()}.tmp").write_bytes(b"half")
+    assert fieldkeys.rotate(path) == "k2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["field-keys.json"]
