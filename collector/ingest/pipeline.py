@@ -325,6 +325,12 @@ def _content_hashes(event: AnyEvent, ctx: IngestContext) -> tuple[bytes, bytes, 
     return client_json, xxhash.xxh3_128_digest(client_json), None
 
 
+def _too_large(index: int, size: str) -> ServiceError:
+    return ServiceError(
+        "batch_too_large", f"event {index} is {size} bytes after enrichment, over {MAX_STORED_EVENT}"
+    )
+
+
 def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
     """Validate a request body; raises ServiceError for request-level refusals."""
     header_key = ctx.idempotency_key.strip() if ctx.idempotency_key is not None else None
@@ -382,7 +388,9 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
         withheld = None
         to_store = event
         if drop is None and isinstance(event, Form):
-            floor = apply_form_floor(event)
+            floor = apply_form_floor(event, MAX_STORED_EVENT)
+            if floor.too_large is not None:
+                raise _too_large(index, f"at least {floor.too_large}")
             drop, to_store, withheld = floor.drop_reason, floor.form, floor.withheld
         if drop is not None:
             dropped.append(DroppedEvent(index, eid, drop))
@@ -414,10 +422,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
             )
             stored = client_json[:-1] + b"," + enrichment[1:]
         if len(stored) > MAX_STORED_EVENT:
-            raise ServiceError(
-                "batch_too_large",
-                f"event {index} is {len(stored)} bytes after enrichment, over {MAX_STORED_EVENT}",
-            )
+            raise _too_large(index, str(len(stored)))
         consent_state = None
         if isinstance(event, ConsentTransition):
             visitor = event.visitorId

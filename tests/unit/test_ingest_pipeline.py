@@ -226,6 +226,42 @@ def test_event_over_120000_bytes() -> None:
     refused(event(type="form", action="submit", formId="f", fieldCount=14, values=values), "batch_too_large")
 
 
+def test_a_form_whose_field_names_alone_overflow_is_refused_before_its_values_are_sealed() -> None:
+    # 40,000 empty fields cannot fit in 120,000 bytes whatever is withheld: the
+    # refusal says so without classifying every value or sealing any.
+    values = {f"field{i}": "" for i in range(40_000)}
+    error = refused(event(type="form", action="submit", formId="f", fieldCount=1, values=values), "batch_too_large")
+    assert "event 0 is at least " in error.message and "over 120000" in error.message
+
+
+def test_an_oversized_checkout_is_still_dropped_not_refused() -> None:
+    values = {f"field{i}": "" for i in range(40_000)} | {"cardNumber": ""}
+    result = run(event(type="form", action="submit", formId="f", fieldCount=1, values=values))
+    assert [d.reason for d in result.dropped] == ["checkout_form"]
+
+
+_field_names = st.text(min_size=1, max_size=12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    values=st.dictionaries(_field_names | st.sampled_from(["ssn", "cardHolder", "password", "email"]),
+                           st.text(max_size=20) | st.just("123-45-6789"), max_size=30),
+    sealed=st.booleans(),
+)
+def test_the_early_size_bound_never_exceeds_what_is_stored(values: dict[str, str], sealed: bool) -> None:
+    from collector.ingest.privacy import least_stored_size
+
+    form = event(type="form", action="submit", formId="f", fieldCount=1, values=values)
+    try:
+        result = run(form, **({} if sealed else {"sealer": None}))
+    except ServiceError as error:  # a name like "CVC" with a value: refused as payment data
+        assert error.code == "prohibited_payment_data"
+        return
+    if result.accepted:  # a checkout (cardHolder) is dropped: nothing stored to bound
+        assert least_stored_size(values) <= len(result.accepted[0].stored)
+
+
 def test_consent_transition_never_carries_page_content() -> None:
     bad = {"type": "_consent_transition", "_eid": "t", "visitorId": "v", "sessionId": "s",
            "timestamp": NOW, "consent": {"analytics": True},
