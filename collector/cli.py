@@ -105,8 +105,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"cannot read the tenants file {settings.tenants}: {exc.strerror}") from None
     _check_data_dir(Path(settings.data_dir), create=True)
-    serving_lock = _one_serve_per_directory(Path(settings.data_dir))  # held until this process exits
-    listener = _listen(settings)
+    serving_lock, first_start = _one_serve_per_directory(Path(settings.data_dir))  # held until exit
+    try:
+        listener = _listen(settings)
+    except UsageError:
+        first_start.undo()  # a refused start leaves no empty data directory behind
+        raise
     configure_logging()
     tune_gc()  # after the imports above: they are start-up objects, never scanned again
     if settings.workers > 1:
@@ -123,7 +127,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _one_serve_per_directory(data_dir: Path) -> int:
+class _FirstStart:
+    """What `_one_serve_per_directory` created: the directory and an empty data.mdb, or neither."""
+
+    def __init__(self, data_dir: Path, made_dir: bool, made_file: bool) -> None:
+        self.data_dir, self.made_dir, self.made_file = data_dir, made_dir, made_file
+
+    def undo(self) -> None:
+        """Remove them again, while nothing else has been written (best effort)."""
+        with contextlib.suppress(OSError):
+            if self.made_file:
+                (self.data_dir / "data.mdb").unlink()
+            if self.made_dir:
+                self.data_dir.rmdir()  # (only if still empty)
+
+
+def _one_serve_per_directory(data_dir: Path) -> tuple[int, _FirstStart]:
     """Lock the data directory's `data.mdb` (flock), or refuse: a second serve on one directory.
 
     LMDB would keep the data consistent, but each serve runs its own retention
@@ -138,8 +157,10 @@ def _one_serve_per_directory(data_dir: Path) -> int:
     import os
 
     path = data_dir / "data.mdb"
+    made_dir = not data_dir.exists()
     try:
         data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # (as Storage would, a moment later)
+        made_file = not path.exists()
         fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o600)
     except OSError as exc:
         raise UsageError(f"cannot open {path}: {exc.strerror}") from None
@@ -151,7 +172,7 @@ def _one_serve_per_directory(data_dir: Path) -> int:
     except OSError as exc:  # (NFS emulates flock with POSIX locks, which want a writable descriptor)
         os.close(fd)
         raise UsageError(f"cannot lock {path}: {exc.strerror} (a network file system?)") from None
-    return fd
+    return fd, _FirstStart(data_dir, made_dir, made_file)
 
 
 def _listen(settings: Settings) -> socket.socket:

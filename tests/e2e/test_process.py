@@ -588,6 +588,24 @@ def test_bad_operator_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert not (tmp_path / "keyless").exists()
 
 
+def test_a_serve_refused_its_port_leaves_no_data_directory_behind(tmp_path: Path) -> None:
+    # It made the directory and an empty data.mdb (its lock) before it found the
+    # port taken, and left both (stop 21's "left alone").
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    bind = f"127.0.0.1:{busy.getsockname()[1]}"
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    try:
+        for data_dir in (tmp_path / "new", existing):
+            result = run_cli("serve", "--bind", bind, data_dir=data_dir, check=False)
+            assert result.returncode == 2 and "cannot listen" in result.stderr, result.stderr
+    finally:
+        busy.close()
+    assert not (tmp_path / "new").exists()
+    assert list(existing.iterdir()) == []  # the operator's own directory stays
+
 
 def test_a_client_that_reads_nothing_does_not_hold_the_stop_past_the_graceful_timeout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
