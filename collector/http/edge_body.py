@@ -16,12 +16,15 @@ POST /v1/events (validation, idempotency, payment scan, metering).
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+import ipaddress
+from typing import Annotated, Any, NamedTuple, TypeVar
 from urllib.parse import urlsplit
 
 import msgspec
+from msgspec import Meta
 
 from collector.errors import ServiceError
+from collector.ingest.validate import TITLE_MAX, URL_MAX
 
 
 class EdgePageview(msgspec.Struct, frozen=True):
@@ -29,11 +32,23 @@ class EdgePageview(msgspec.Struct, frozen=True):
     visitorId: str
     sessionId: str
     eid: str | None = msgspec.field(default=None, name="_eid")
-    title: str = ""
+    title: str | None = None  # "" when absent or null, as referrer and userAgent may be null
     referrer: str | None = None
     timestamp: int | float | None = None
     userAgent: str | None = None
     consent: dict[str, Any] | None = None
+    # The visitor's address as the edge saw it (CF-Connecting-IP and the like):
+    # the only address the datacenter heuristic may judge on this route, since
+    # the connection is the edge worker's. Never stored.
+    clientIp: Annotated[str, Meta(max_length=45)] | None = None
+
+
+class EdgeTranslation(NamedTuple):
+    event: bytes  # the pageview event body
+    page_url: str
+    identity: bytes  # what the idempotency hash covers: the request as sent, canonically encoded
+    legacy_identity: bytes | None  # the previous version's identity, when it differs
+    client_ip: str | None  # the visitor's address, when the edge sent it
 
 
 _decoder = msgspec.json.Decoder(EdgePageview)
@@ -65,11 +80,8 @@ def decode_translated(decoder: msgspec.json.Decoder[T], body: bytes, what: str) 
         raise ServiceError("invalid_json", "body is nested too deeply") from None
 
 
-def edge_to_event(
-    body: bytes, *, user_agent: str | None, now_ms: int, website_key: bool = True
-) -> tuple[bytes, str, bytes, bytes | None]:
-    """The pageview event body for an edge request, its page URL, its content identity
-    and the identity the previous version gave it (None when the same).
+def edge_to_event(body: bytes, *, user_agent: str | None, now_ms: int, website_key: bool = True) -> EdgeTranslation:
+    """The pageview event body for an edge request, and what else the route needs of it.
 
     A website key's pageview is a web pageview; a mobile or server key's
     declares no platform, so the key type stamps it (spec 2.4: react-native,
@@ -82,7 +94,16 @@ def edge_to_event(
     ServiceError on a bad body.
     """
     edge = decode_translated(_decoder, body, "edge pageview")
-    page: dict[str, Any] = {"url": edge.url, "path": urlsplit(edge.url).path or "/", "title": edge.title}
+    try:
+        path = urlsplit(edge.url).path or "/"
+    except ValueError:  # ("http://[::1", a host that changes under NFKC): it was a 500
+        raise _invalid("$.url", "url does not parse as a URL") from None
+    if edge.clientIp is not None:
+        try:
+            ipaddress.ip_address(edge.clientIp)
+        except ValueError:
+            raise _invalid("$.clientIp", "clientIp is not an IPv4 or IPv6 address") from None
+    page: dict[str, Any] = {"url": edge.url, "path": path, "title": edge.title or ""}
     if edge.referrer:
         page["referrer"] = edge.referrer
     device: dict[str, Any] = {"userAgent": edge.userAgent or user_agent or "", "viewport": {"width": 0, "height": 0}}
@@ -100,7 +121,63 @@ def edge_to_event(
         event["_eid"] = edge.eid
     if edge.consent is not None:
         event["consent"] = edge.consent
-    return (_encoder.encode(event), edge.url, *content_identities(edge))
+    # As on /v1/events, a resend that differs only past a truncation limit is the same content.
+    truncated = _within_limits(edge)
+    identity, legacy = content_identities(truncated)
+    if truncated is not edge:  # the previous version's identity was of the request untruncated
+        legacy = _identity_encoder.encode(edge)
+    return EdgeTranslation(_encoder.encode(event), edge.url, identity, legacy, edge.clientIp)
+
+
+def _within_limits(edge: EdgePageview) -> EdgePageview:
+    """The request with url, title and referrer cut as the pageview's are (spec 8.1)."""
+    referrer = edge.referrer
+    title = edge.title
+    if len(edge.url) <= URL_MAX and (title is None or len(title) <= TITLE_MAX) and (
+        referrer is None or len(referrer) <= URL_MAX
+    ):
+        return edge
+    return msgspec.structs.replace(
+        edge,
+        url=edge.url[:URL_MAX],
+        title=title[:TITLE_MAX] if title is not None else None,
+        referrer=referrer[:URL_MAX] if referrer is not None else None,
+    )
+
+
+def _invalid(path: str, message: str) -> ServiceError:
+    return ServiceError(
+        "validation_error", f"invalid edge pageview: {path}: {message}", details=[{"path": path, "message": message}]
+    )
+
+
+# Where the translated pageview's fields came from in the edge body, so that a
+# validation error names a field the client sent (page.path is made from url).
+_EDGE_FIELDS = (
+    ("page.url", "url"), ("page.path", "url"), ("page.title", "title"),
+    ("page.referrer", "referrer"), ("device.userAgent", "userAgent"),
+)  # fmt: skip
+
+
+def in_edge_terms(error: ServiceError) -> ServiceError:
+    """A validation error of the translated pageview, its paths and messages in the edge body's fields."""
+    sent = error.extra.get("details")
+    if error.code != "validation_error" or not isinstance(sent, list):
+        return error
+    details: dict[str, str] = {}  # path -> message; the first one for a path (url stands for two)
+    for detail in sent:
+        details.setdefault(_edge_field(detail["path"]), _edge_field(detail["message"]))
+    path, message = next(iter(details.items()))
+    return ServiceError(
+        "validation_error", f"invalid edge pageview: {path}: {message}",
+        details=[{"path": p, "message": m} for p, m in details.items()],
+    )
+
+
+def _edge_field(text: str) -> str:
+    for event_field, edge_field in _EDGE_FIELDS:
+        text = text.replace(event_field, edge_field)
+    return text
 
 
 def content_identities(request: msgspec.Struct) -> tuple[bytes, bytes | None]:

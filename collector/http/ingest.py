@@ -7,6 +7,7 @@ one function; nothing is stored unless the admission commits.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import partial
 
 import msgspec
@@ -19,7 +20,7 @@ from collector.access.tenants import KeyType, Site
 from collector.errors import ServiceError
 from collector.http.asgi import Receive, Request
 from collector.http.consent_body import consent_to_event
-from collector.http.edge_body import edge_to_event
+from collector.http.edge_body import edge_to_event, in_edge_terms
 from collector.http.headers import (
     billing_block,
     refusal_body,
@@ -148,13 +149,18 @@ async def _ingest(
     body = decompress_body(raw, hdr.get("content-encoding"), hdr.get("content-type"))
     content_identity: bytes | None = None
     legacy_identity: bytes | None = None
+    visitor_ip = services.proxies.client_address(request.client_ip, hdr.get("x-forwarded-for"))
+    evidence_headers: Mapping[str, str] = hdr
     if route != "/v1/events":
         # The translations keep only known fields: scan the request as sent first.
         await run_pure(len(body), refuse_payment_data, body)
         if route == EDGE_ROUTE:
-            body, page_url, content_identity, legacy_identity = edge_to_event(
+            body, page_url, content_identity, legacy_identity, visitor_ip = edge_to_event(
                 body, user_agent=hdr.get("user-agent"), now_ms=now_ms, website_key=key_type == KeyType.BROWSER
             )
+            # The connection and its headers are the edge worker's, not the visitor's:
+            # the visitor is judged by its user agent, and its address if the edge sent it.
+            evidence_headers = {}
             if site is None:
                 site = bind_page_site(record, page_url)
         else:
@@ -175,11 +181,12 @@ async def _ingest(
         strict_consent=site.strictConsent,
         sealer=services.sealer,
         bots=services.bots,
-        bot_evidence=request_evidence(
-            hdr, services.proxies.client_address(request.client_ip, hdr.get("x-forwarded-for")), services.bots
-        ),
+        bot_evidence=request_evidence(evidence_headers, visitor_ip, services.bots),
     )
-    prepared = await run_pure(len(body), prepare_batch, body, context)
+    try:
+        prepared = await run_pure(len(body), prepare_batch, body, context)
+    except ServiceError as error:
+        raise in_edge_terms(error) if route == EDGE_ROUTE else error from None
     policy = policy_for(record)
     period = billing_period(now_ms)
     if prepared.accepted:

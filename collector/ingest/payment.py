@@ -263,10 +263,19 @@ def _has_card(text: str, *, unsure: str) -> bool:
         before = _glued_before(text, match.start(), unsure)
         if _glued_after(text, match.end(), unsure):
             groups = groups[:-1]
-        if before is not True and _groups_hold_card(groups):
-            return True
-        if before is not False and _groups_hold_card(groups[1:]):
-            return True
+        for start in range(len(groups)):
+            if start == 0:
+                may_start = before is not True
+            elif start == 1 and before is not False:
+                may_start = True
+            else:
+                # After a group that is not four digits long ("Firefox/133 4111...",
+                # "qty 12 4111 1111 ..."): a card written in fours would not have
+                # continued it. After one that is, the run is grouped in fours
+                # (an IBAN's digits) and a card would have started earlier.
+                may_start = len(groups[start - 1]) != 4
+            if may_start and _groups_hold_card(groups[start:]):
+                return True
     return False
 
 

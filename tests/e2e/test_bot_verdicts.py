@@ -111,6 +111,39 @@ async def test_request_headers_and_addresses(nursery: trio.Nursery, tmp_path: Pa
     }
 
 
+async def test_an_edge_pageview_is_judged_by_its_visitor_not_by_the_edge_worker(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # The edge worker's connection (here from a listed hosting range) and its own
+    # headers said "datacenter" and "automation" of every human pageview it relayed
+    # (helper-68). The visitor's address counts when the edge sends it.
+    server = await started(nursery, tmp_path)
+    worker = {"X-API-Key": WEB, "X-Forwarded-For": "203.0.113.5", "User-Agent": FIREFOX,
+              "Sec-CH-UA": '"Chromium";v="131"'}
+
+    async def edge(eid: str, **fields: str) -> None:
+        body = {"_eid": eid, "visitorId": "v", "sessionId": "s", "url": "https://acme.com/", "userAgent": CHROME}
+        response = await server.client.post("/v1/edge/pageview", json={**body, **fields}, headers=worker)
+        assert response.status_code == 202, response.text
+
+    await edge("edge-human")
+    await edge("edge-residential", clientIp="198.51.100.9")
+    await edge("edge-datacenter", clientIp="203.0.113.40")
+    await edge("edge-dc-v6", clientIp="2001:db8:dc::40")
+    await edge("edge-crawler", userAgent=GPTBOT)
+    assert await verdicts(server) == {
+        "edge-human": (False, "human"), "edge-residential": (False, "human"),
+        "edge-datacenter": (True, "datacenter"), "edge-dc-v6": (True, "datacenter"),
+        "edge-crawler": (True, "ai_crawler"),
+    }
+    rows = await outbox_dump(server.data_dir)
+    assert all("clientIp" not in str(row["event"]) and "198.51.100.9" not in str(row["event"]) for row in rows)
+    bad = await server.client.post("/v1/edge/pageview", headers=worker, json={
+        "_eid": "edge-bad-ip", "visitorId": "v", "sessionId": "s", "url": "https://acme.com/", "clientIp": "nope"})
+    assert (bad.status_code, bad.json()["error"]) == (400, "validation_error"), bad.text
+    assert bad.json()["details"] == [{"path": "$.clientIp", "message": "clientIp is not an IPv4 or IPv6 address"}]
+
+
 async def test_native_clients_are_exempt_except_from_automation(nursery: trio.Nursery, tmp_path: Path) -> None:
     server = await started(nursery, tmp_path)
     headers = {"X-API-Key": MOBILE, "X-Forwarded-For": "203.0.113.7"}

@@ -424,6 +424,56 @@ async def test_edge_pageview(server: RunningServer) -> None:
     assert leak.json()["error"] == "prohibited_payment_data"
 
 
+async def test_edge_pageview_errors_name_the_edge_fields_and_never_answer_500(server: RunningServer) -> None:
+    body = {"_eid": "edge-err", "visitorId": "v", "sessionId": "s", "url": "https://acme.com/", "userAgent": "UA"}
+
+    async def details(**fields: object) -> list[dict[str, str]]:
+        response = await server.client.post("/v1/edge/pageview", json={**body, **fields}, headers=H)
+        assert (response.status_code, response.json()["error"]) == (400, "validation_error"), response.text
+        return response.json()["details"]
+
+    # urlsplit raised on these and the route answered 500 "retry it" (helper-68).
+    for url in ("http://[::1", "https://[zz]/", "https://ex\u2100ample.com/", "https://acme.com\uff03@evil.com/"):
+        assert await details(url=url) == [{"path": "$.url", "message": "url does not parse as a URL"}], url
+    # The translated pageview's paths ($.device.userAgent, $.page.url and $.page.path) were named.
+    assert await details(userAgent="u" * 513) == [
+        {"path": "$.userAgent", "message": "Expected `str` of length <= 512"}]
+    assert [d["path"] for d in await details(url="javascript:alert(1)")] == ["$.url"]
+    assert await outbox_dump(server.data_dir) == []
+
+
+async def test_an_edge_resend_differing_past_a_truncation_limit_is_a_duplicate(server: RunningServer) -> None:
+    # As on /v1/events (spec 8.1 truncates, README "Field rules"); the edge route
+    # hashed the request uncut and answered 409 (helper-68).
+    long_url = "https://acme.com/" + "a" * 2100
+    body = {"_eid": "edge-long", "visitorId": "v", "sessionId": "s", "userAgent": "UA", "title": "T" * 600}
+    first = await server.client.post("/v1/edge/pageview", json={**body, "url": long_url + "X"}, headers=H)
+    assert first.json()["accepted"] == 1, first.text
+    again = await server.client.post("/v1/edge/pageview", headers=H,
+                                     json={**body, "url": long_url + "Y", "title": "T" * 600 + "Z"})
+    assert (again.status_code, again.json()["duplicates"]) == (202, 1), again.text
+    changed = await server.client.post("/v1/edge/pageview", json={**body, "url": "https://acme.com/b"}, headers=H)
+    assert changed.json()["error"] == "idempotency_conflict"
+    # A null title is an empty one, as a null referrer or userAgent is absent (it was a 400).
+    untitled = {**body, "_eid": "edge-untitled", "url": "https://acme.com/", "title": None, "referrer": None}
+    response = await server.client.post("/v1/edge/pageview", json=untitled, headers=H)
+    assert response.json()["accepted"] == 1, response.text
+
+
+async def test_a_card_number_in_a_user_agent_after_a_shorter_number_is_refused(server: RunningServer) -> None:
+    # The edge route stores the User-Agent header as the pageview's; the scan
+    # missed a card that followed another number ("Firefox/133 4111...") (helper-68).
+    headers = {**H, "User-Agent": "Mozilla/5.0 Firefox/133 4111111111111111"}
+    body = {"_eid": "edge-ua-card", "visitorId": "v", "sessionId": "s", "url": "https://acme.com/"}
+    response = await server.client.post("/v1/edge/pageview", json=body, headers=headers)
+    assert (response.status_code, response.json()["error"]) == (400, "prohibited_payment_data"), response.text
+    leak = pageview("ua-card", device={"userAgent": "Mozilla/5.0 Firefox/133 4111111111111111",
+                                       "viewport": {"width": 1, "height": 1}})
+    response = await server.client.post("/v1/events", json=leak, headers=H)
+    assert response.json()["error"] == "prohibited_payment_data", response.text
+    assert await outbox_dump(server.data_dir) == []
+
+
 async def test_edge_pageview_with_a_mobile_key_is_native(server: RunningServer) -> None:
     # Spec 2.4: a mobile key's event without a declared platform is stamped
     # react-native; native clients are exempt from the user-agent heuristics
