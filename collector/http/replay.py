@@ -61,6 +61,9 @@ async def _replay(
     raw = await read_capped_body(request, receive)
     body = decompress_body(raw, hdr.get("content-encoding"), hdr.get("content-type"))
     chunk = await run_pure(len(body), prepare_replay, body)
+    dropped = chunk.consent_drop_reason(site.strictConsent)
+    if dropped is not None:  # a session is not recorded without its consent: acknowledged, not stored
+        return 202, _answer(services, chunk.session_id, chunk.seq, duplicate=False, receipt_id=None, dropped=dropped)
     job = StoreChunk(
         client_id=record.clientId,
         site_id=site.siteId,
@@ -83,13 +86,15 @@ async def _replay(
                 seq=chunk.seq,
             ) from None
         raise
-    body_out = {
-        "success": True,
-        "accepted": 0 if stored.duplicate else 1,
-        "duplicate": stored.duplicate,
-        "sessionId": chunk.session_id,
-        "seq": chunk.seq,
-        "receiptId": stored.receipt_id,
-        "timestamp": services.now_ms(),
-    }
-    return 202, _encoder.encode(body_out)
+    return 202, _answer(services, chunk.session_id, chunk.seq, duplicate=stored.duplicate, receipt_id=stored.receipt_id)
+
+
+def _answer(
+    services: Services, session_id: str, seq: int, *, duplicate: bool, receipt_id: str | None, dropped: str | None = None
+) -> bytes:
+    stored = receipt_id is not None and not duplicate
+    answer: dict[str, object] = {"success": True, "accepted": 1 if stored else 0, "duplicate": duplicate}
+    if dropped is not None:
+        answer["dropped"] = dropped
+    answer |= {"sessionId": session_id, "seq": seq, "receiptId": receipt_id, "timestamp": services.now_ms()}
+    return _encoder.encode(answer)

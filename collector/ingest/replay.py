@@ -11,7 +11,7 @@ request is scanned for payment data first, like POST /v1/events.
 The records are stored re-encoded with sorted object keys, which makes the
 stored bytes canonical: the content hash over visitorId and those bytes is
 the same for a retry whatever its key order or whitespace. The client's
-`timestamp` (its send time) is not part of the content.
+`timestamp` (its send time) and `consent` are not part of the content.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import xxhash
 
 from collector.errors import ServiceError
 from collector.ingest.pipeline import decode_json, readable_client_time, refuse_payment_data
+from collector.ingest.schema import Consent
 
 MAX_CHUNK_BYTES = 1024 * 1024  # the stored records of one chunk, after decoding
 MAX_RECORDS = 10_000
@@ -38,6 +39,9 @@ class ReplayBody(msgspec.Struct, frozen=True):
     events: Annotated[list[dict[str, Any]], msgspec.Meta(min_length=1, max_length=MAX_RECORDS)]
     timestamp: int | float | None = None  # ms since epoch, the client's send time
     eid: Identifier | None = msgspec.field(default=None, name="_eid")
+    consent: Consent | None = None  # as on an event: a strict-consent property needs analytics
+
+
 
 
 class ReplayChunk(msgspec.Struct, frozen=True):
@@ -47,6 +51,15 @@ class ReplayChunk(msgspec.Struct, frozen=True):
     client_timestamp: int | float | None
     events: bytes  # the records as one JSON array, object keys sorted
     content_hash: bytes
+    consent: Consent | None = None
+
+    def consent_drop_reason(self, strict: bool) -> str | None:
+        """Why a strict-consent property must not record this chunk (spec 4.1 rule 9), or None."""
+        if not strict:
+            return None
+        if self.consent is None:
+            return "consent_missing"
+        return None if self.consent.analytics else "consent_denied"
 
 
 _canonical = msgspec.json.Encoder(order="sorted")
@@ -75,7 +88,13 @@ def prepare_replay(body: bytes) -> ReplayChunk:
     content_hash = xxhash.xxh3_128_digest(parsed.visitorId.encode() + b"\x00" + events)
     # The send time is informational (not content): a wild one is dropped, not refused.
     return ReplayChunk(
-        parsed.visitorId, parsed.sessionId, parsed.seq, readable_client_time(parsed.timestamp), events, content_hash
+        parsed.visitorId,
+        parsed.sessionId,
+        parsed.seq,
+        readable_client_time(parsed.timestamp),
+        events,
+        content_hash,
+        parsed.consent,
     )
 
 

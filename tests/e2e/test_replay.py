@@ -27,6 +27,7 @@ WRITER = "cs_live_writer000000"
 SUSPENDED = "cs_live_suspended000"
 MULTI = "cs_live_multi0000000"
 SLOW = "cs_live_slow00000000"
+STRICT = "cs_live_strict000000"
 TENANTS = {
     "keys": [
         {"key": BROWSER_KEY, "clientId": "acme", "plan": "free", "rateLimit": 100,
@@ -46,6 +47,8 @@ TENANTS = {
                    {"siteId": "shop", "domains": ["shop.example.co.uk"]}]},
         {"key": SLOW, "clientId": "slow", "plan": "free", "rateLimit": 1,
          "sites": [{"siteId": "web", "domains": ["slow.com"]}]},
+        {"key": STRICT, "clientId": "strict", "plan": "paid", "rateLimit": 100,
+         "sites": [{"siteId": "web", "domains": ["strict.example"], "strictConsent": True}]},
     ]
 }  # fmt: skip
 ACME = {"Origin": "https://acme.com"}
@@ -362,3 +365,27 @@ async def test_a_session_id_of_the_full_length_is_stored_and_found(nursery: trio
     assert [(row["sessionId"], row["seq"]) for row in rows] == [(session, 0), (session, 1)]
     report = await trio.to_thread.run_sync(lambda: run_cli("check", data_dir=server.data_dir))
     assert json.loads(report.stdout)["replay_chunks"] == 2 and json.loads(report.stdout)["problems"] == []
+
+
+async def test_a_strict_consent_property_records_no_session_without_analytics_consent(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # Spec 4.1 rule 9 drops a strict property's events without analytics consent;
+    # its replay chunks were stored all the same, a recording of the session (helper-68).
+    server = await serve(nursery, tmp_path)
+    origin = {"Origin": "https://strict.example"}
+    answers = {}
+    for seq, consent in enumerate((None, {"analytics": False}, {"analytics": True})):
+        body = chunk(seq, session="strict-s") | ({} if consent is None else {"consent": consent})
+        response = await send(server, body, key=STRICT, headers=origin)
+        assert response.status_code == 202, response.text
+        answers[seq] = response.json()
+    assert {k: answers[0][k] for k in ("accepted", "duplicate", "dropped", "receiptId")} == {
+        "accepted": 0, "duplicate": False, "dropped": "consent_missing", "receiptId": None}
+    assert answers[1]["dropped"] == "consent_denied" and answers[1]["accepted"] == 0
+    assert answers[2]["accepted"] == 1 and "dropped" not in answers[2]
+    assert [c["seq"] for c in await replay_dump(server, "--session", "strict-s", "--client", "strict")] == [2]
+    # A property without strict consent records the chunk whatever it says, as events.
+    assert (await send(server, chunk(9, consent={"analytics": False}))).json()["accepted"] == 1
+    bad = await send(server, chunk(10, consent={"analytics": "yes"}))
+    assert refused_with(bad, 400, "validation_error")["details"][0]["path"] == "$.consent.analytics"
