@@ -32,9 +32,13 @@ from collector.services import Services
 from collector.signals.snapshot import degraded, snapshot
 from storage import counters
 from storage.errors import StorageError, WriterBusy
+from storage.throttled_log import ThrottledLog
 from storage.visitors import read_visitor
 
 log = logging.getLogger("collector.signals")
+# Every read degrades alike while the writer is backed up or a counter is damaged:
+# one line a minute per cause, with the count it stood for (helper-66).
+_metering_unavailable = ThrottledLog(log, logging.WARNING)
 
 ROUTE = "/v1/signals/:visitorId"
 PREFIX = "/v1/signals/"
@@ -155,9 +159,9 @@ async def _spend_coverage(
             )
         )
     except (WriterBusy, StorageError) as exc:
-        log.warning("coverage metering unavailable, answering degraded: %s", exc)
+        _metering_unavailable("coverage metering unavailable, answering degraded: %s", exc, cause=str(exc))
         return CoverageMode.DEGRADED, None
     if not spend.readable:
-        log.warning("coverage counter %r is unreadable, answering degraded", key)
+        _metering_unavailable("coverage counter %r is unreadable, answering degraded", key, cause=repr(key))
         return CoverageMode.DEGRADED, None
     return (CoverageMode.FULL if spend.spent else CoverageMode.DEGRADED), spend.used
