@@ -84,7 +84,10 @@ def snapshot(
     """A full-coverage snapshot."""
     record = view.record
     if record is None:
-        return _neutral(visitor_id, site_id, session_id, now_ms, mode="full", pending=True, klass="unknown")
+        # Pending only while the fold is behind: once it has caught up, a visitor
+        # without a record stays without one (consent decisions alone, or every
+        # event dropped by strict consent, make none), however long one waits.
+        return _neutral(visitor_id, site_id, session_id, now_ms, mode="full", pending=view.behind, klass="unknown")
     types = record.types
     return {
         "visitorId": visitor_id,

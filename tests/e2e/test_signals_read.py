@@ -30,6 +30,7 @@ TINY = "cs_live_sigtiny00000"
 OVERAGE = "cs_live_sigover00000"
 NODOMAIN = "cs_live_signodom0000"
 READONLY = "cs_live_sigread00000"
+STRICT = "cs_live_sigstrict0000"
 
 FREE_ORIGIN = {"Origin": "https://acme.com"}
 PAID_ORIGIN = {"Origin": "https://bigco.com"}
@@ -61,6 +62,8 @@ TENANTS: dict[str, object] = {
          "sites": [{"siteId": "nodom"}]},
         {"key": READONLY, "clientId": "acme", "plan": "free", "rateLimit": 100,
          "permissions": ["events:read"], "sites": [{"siteId": "web", "domains": ["acme.com"]}]},
+        {"key": STRICT, "clientId": "strict", "plan": "paid", "rateLimit": 1000,
+         "sites": [{"siteId": "eu", "domains": ["strict.eu"], "strictConsent": True}]},
     ]
 }
 
@@ -318,7 +321,7 @@ async def test_native_visitor_has_neutral_human_confidence(nursery: trio.Nursery
     assert body["activity"]["pageviews"] == 2
 
 
-async def test_unknown_visitor_is_pending(nursery: trio.Nursery, tmp_path: Path) -> None:
+async def test_unknown_visitor_once_folded_is_not_pending(nursery: trio.Nursery, tmp_path: Path) -> None:
     server = await started(nursery, tmp_path)
     await post(server, FREE, [event("known", "pageview", "known-1")], **FREE_ORIGIN)
     await folded(server)
@@ -328,7 +331,7 @@ async def test_unknown_visitor_is_pending(nursery: trio.Nursery, tmp_path: Path)
     assert "activity" not in body
     assert body == {
         "visitorId": "nobody-here", "siteId": "web", "sessionId": "s9", "coverageMode": "full",
-        "pending": True, "stale": False, "behavioralClass": "unknown",
+        "pending": False, "stale": False, "behavioralClass": "unknown",
         "bot": {"isBot": False, "category": "unknown", "score": 0},
         "scores": {"frustration": 0, "conversionReadiness": 0, "humanConfidence": 50},
         "asOf": body["asOf"],
@@ -336,7 +339,27 @@ async def test_unknown_visitor_is_pending(nursery: trio.Nursery, tmp_path: Path)
     assert type(body["asOf"]) is int
     # the same visitor id under another property of another account is not this one
     other = await read(server, "known-1", key=PAID, **PAID_ORIGIN)
-    assert other.json()["pending"] is True and "activity" not in other.json()
+    assert other.json()["behavioralClass"] == "unknown" and "activity" not in other.json()
+
+
+async def test_a_visitor_the_projection_makes_no_record_for_is_not_pending_forever(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # helper-69 #1: a visitor with consent decisions only, or with every event dropped by
+    # strict consent, read pending: true on every (billed) read although the fold had
+    # caught up.
+    server = await started(nursery, tmp_path)
+    strict = {"X-API-Key": STRICT, "Origin": "https://strict.eu"}
+    dropped = await server.client.post("/v1/events", json={"events": [event("d1", "pageview", "v-dropped")]},
+                                       headers=strict)
+    assert (dropped.status_code, dropped.json()["accepted"], dropped.json()["dropped"]) == (202, 0, 1)
+    for visitor in ("v-dropped", "v-consent-only"):
+        decision = {"visitorId": visitor, "consent": {"analytics": False}}
+        assert (await server.client.post("/v1/consent", json=decision, headers=strict)).status_code == 202
+    await folded(server)
+    for visitor in ("v-dropped", "v-consent-only"):
+        body = (await read(server, visitor, key=STRICT, Origin="https://strict.eu")).json()
+        assert (body["coverageMode"], body["pending"], body["behavioralClass"]) == ("full", False, "unknown"), body
 
 
 async def test_pending_until_every_committed_event_is_folded(
@@ -650,7 +673,7 @@ async def test_site_scope(nursery: trio.Nursery, tmp_path: Path) -> None:
     on_main = (await read(server, "shared-v", key=MULTI, Origin="https://multi.com")).json()
     on_store = (await read(server, "shared-v", key=MULTI, Origin="https://store.example")).json()
     assert on_main["activity"]["pageviews"] == 1
-    assert on_store["pending"] is True and "activity" not in on_store
+    assert on_store["behavioralClass"] == "unknown" and "activity" not in on_store
 
 
 async def test_rate_limit(nursery: trio.Nursery, tmp_path: Path) -> None:

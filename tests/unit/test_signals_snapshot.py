@@ -54,7 +54,9 @@ def test_frustration_counts_rage_clicks() -> None:
 
 
 def test_pending_stale_and_unknown() -> None:
-    assert _snap(None)["pending"] is True and _snap(None)["behavioralClass"] == "unknown"
+    assert _snap(None, behind=True)["pending"] is True and _snap(None)["behavioralClass"] == "unknown"
+    # caught up: a visitor without a record is unknown, not waiting for anything (helper-69 #1)
+    assert _snap(None)["pending"] is False
     assert "activity" not in _snap(None)
     record = _record(("pageview", False))
     assert _snap(record, behind=True)["pending"] is True
