@@ -9,7 +9,7 @@ visitor's decision:
 
 `visitorId` and `consent.analytics` are required; `sessionId` defaults to
 "consent" and `timestamp` to the time of receipt (`consent.timestamp` to
-`timestamp`). Without `_eid` the id is `consent:<visitorId>:<timestamp>:<siteId>`
+`timestamp`). Unknown fields are refused, inside `consent` too. Without `_eid` the id is `consent:<visitorId>:<timestamp>:<siteId>`
 (its BLAKE2b-128 hex digest after `consent:` when that is over the spec's 128
 characters), so a retry of the same timestamped decision is a duplicate, while
 the same decision sent to another property of the tenant is that property's
@@ -32,6 +32,7 @@ from typing import Any
 
 import msgspec
 
+from collector.errors import ServiceError
 from collector.http.edge_body import content_identities, decode_translated
 
 
@@ -44,6 +45,9 @@ class ConsentBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 _decoder = msgspec.json.Decoder(ConsentBody)
+# The fields of a consent object (spec 2.2). `consent` stays a map rather than a
+# Struct: its encoding is the content identity that retries are matched by.
+CONSENT_FIELDS = frozenset({"analytics", "identityResolution", "thirdPartySharing", "timestamp"})
 _encoder = msgspec.json.Encoder()
 
 
@@ -59,6 +63,21 @@ def _generated_id(visitor_id: str, timestamp: float, site_id: str, *, unique: bo
     return "consent:" + hashlib.blake2b(eid.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
+def refuse_unknown_choices(consent: dict[str, Any]) -> None:
+    """ServiceError (400 validation_error) naming each field of `consent` that is not a choice.
+
+    Dropped instead, a misspelt denial (`identity_resolution: false`) would be
+    recorded as no denial at all.
+    """
+    unknown = [name for name in consent if name not in CONSENT_FIELDS]
+    if unknown:
+        found = ", ".join(f"`{name}`" for name in unknown)
+        raise ServiceError(
+            "validation_error", f"invalid consent body: Object contains unknown field {found} - at `$.consent`",
+            details=[{"path": f"$.consent.{name}", "message": f"Object contains unknown field `{name}`"} for name in unknown],
+        )
+
+
 def consent_to_event(
     body: bytes, *, now_ms: int, site_id: str, idempotency_key: str | None = None
 ) -> tuple[bytes, bytes, bytes | None]:
@@ -68,6 +87,7 @@ def consent_to_event(
     Raises ServiceError on a bad body.
     """
     request = decode_translated(_decoder, body, "consent body")
+    refuse_unknown_choices(request.consent)
     timestamp = request.timestamp if request.timestamp is not None else now_ms
     consent = dict(request.consent)
     consent.setdefault("timestamp", timestamp)
@@ -78,7 +98,7 @@ def consent_to_event(
         "timestamp": timestamp,
         "consent": consent,
     }
-    if request.eid:
+    if request.eid is not None:  # an empty one is refused by validation, as on /v1/events
         event["_eid"] = request.eid
     elif request.timestamp is not None:
         event["_eid"] = _generated_id(request.visitorId, timestamp, site_id, unique=False)

@@ -362,6 +362,30 @@ async def test_consent_route_refusals(nursery: trio.Nursery, tmp_path: Path) -> 
     assert [row["siteId"] for row in stored.values()] == ["b"]
 
 
+async def test_consent_route_refuses_misspelt_choices_and_an_empty_id(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # helper-69 #3: unknown keys inside `consent` were dropped, a misspelt denial with
+    # them, and the visitor's identify was then stored. #4: `_eid: ""` was replaced by
+    # a generated id, where /v1/events refuses it.
+    server = await started(nursery, tmp_path)
+    misspelt = {"visitorId": "vm", "timestamp": STAMP,
+                "consent": {"analytics": True, "identity_resolution": False, "thirdParty": False}}
+    response = await server.client.post("/v1/consent", json=misspelt, headers=ACME)
+    assert (response.status_code, response.json()["error"]) == (400, "validation_error"), response.text
+    assert [d["path"] for d in response.json()["details"]] == [
+        "$.consent.identity_resolution", "$.consent.thirdParty"
+    ]
+    empty_id = {"_eid": "", "visitorId": "vm", "consent": {"analytics": True, "identityResolution": False}}
+    response = await server.client.post("/v1/consent", json=empty_id, headers=ACME)
+    assert (response.status_code, response.json()["error"]) == (400, "validation_error"), response.text
+    assert [d["path"] for d in response.json()["details"]] == ["$._eid"]
+    as_event = {**pageview("x"), "_eid": ""}
+    response = await server.client.post("/v1/events", json=as_event, headers=ACME)
+    assert response.json()["details"] == (await server.client.post("/v1/consent", json=empty_id, headers=ACME)).json()["details"]
+    assert await stored_events(server) == {}
+
+
 async def test_privacy_floor_on_realistic_forms(nursery: trio.Nursery, tmp_path: Path) -> None:
     server = await started(nursery, tmp_path)
     forms = [

@@ -440,6 +440,21 @@ def test_a_202_lists_its_errors_in_request_order() -> None:
     assert [(e["index"], e["error"]) for e in _event_errors(prepared)] == [(0, "dropped"), (2, "validation_error")]
 
 
+def test_a_consent_body_names_each_unknown_choice() -> None:
+    from collector.errors import ServiceError
+    from collector.http.consent_body import consent_to_event
+
+    body = b'{"visitorId":"v","consent":{"analytics":true,"identity_resolution":false,"timestamp":1}}'
+    with pytest.raises(ServiceError) as refused:
+        consent_to_event(body, now_ms=5, site_id="w")
+    assert refused.value.code == "validation_error"
+    assert refused.value.extra["details"] == [
+        {"path": "$.consent.identity_resolution", "message": "Object contains unknown field `identity_resolution`"}
+    ]
+    known = b'{"visitorId":"v","consent":{"analytics":true,"identityResolution":false,"thirdPartySharing":true,"timestamp":1}}'
+    assert b'"identityResolution":false' in consent_to_event(known, now_ms=5, site_id="w")[0]
+
+
 def test_translated_bodies_give_the_previous_identity_only_when_it_differs() -> None:
     from collector.http.consent_body import consent_to_event
     from collector.http.edge_body import edge_to_event
