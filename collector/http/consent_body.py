@@ -9,15 +9,18 @@ visitor's decision:
 
 `visitorId` and `consent.analytics` are required; `sessionId` defaults to
 "consent" and `timestamp` to the time of receipt (`consent.timestamp` to
-`timestamp`). Unknown fields are refused, inside `consent` too. Without `_eid` the id is `consent:<visitorId>:<timestamp>:<siteId>`
-(its BLAKE2b-128 hex digest after `consent:` when that is over the spec's 128
-characters), so a retry of the same timestamped decision is a duplicate, while
-the same decision sent to another property of the tenant is that property's
-own (idempotency ids are tenant-wide, consent records per property). A request
-without `timestamp` but with an `Idempotency-Key` header takes the header's id
-instead, and one with neither is a new decision each time it is sent (two
-identical requests may be a visitor deciding twice): its id ends in 16 random
-hex digits, so two decisions received in the same millisecond never collide. The event runs through the same
+`timestamp`). Unknown fields are refused, inside `consent` too. Without `_eid` the id is
+`consent:<visitorId>:<timestamp>:<siteId>:<tag>` (its BLAKE2b-128 hex digest
+after `consent:` when that is over the spec's 128 characters), the tag 16 hex
+digits of the request's content identity: a retry of the same timestamped
+decision is a duplicate, another decision at the same timestamp is a new one
+(the fold gives a tie in time to the later arrival), and the same decision
+sent to another property of the tenant is that property's own (idempotency ids
+are tenant-wide, consent records per property). A request without `timestamp`
+but with an `Idempotency-Key` header takes the header's id instead, and one
+with neither is a new decision each time it is sent (two identical requests
+may be a visitor deciding twice): its tag is 16 random hex digits, so two
+decisions received in the same millisecond never collide. The event runs through the same
 gate, site scope, validation and admission as POST /v1/events; admission also
 records it as the visitor's latest consent (a newer decision is never
 replaced by an older one). It never carries page content and counts toward no
@@ -54,13 +57,20 @@ _encoder = msgspec.json.Encoder()
 MAX_ID = 128  # spec 8.1
 
 
-def _generated_id(visitor_id: str, timestamp: float, site_id: str, *, unique: bool) -> str:
-    eid = f"consent:{visitor_id}:{int(timestamp)}:{site_id}"
-    if unique:
-        eid += ":" + os.urandom(8).hex()
+def _generated_id(visitor_id: str, timestamp: float, site_id: str, distinct: str) -> str:
+    eid = f"consent:{visitor_id}:{int(timestamp)}:{site_id}:{distinct}"
     if len(eid) <= MAX_ID:
         return eid
     return "consent:" + hashlib.blake2b(eid.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+def _content_tag(identity: bytes) -> str:
+    """16 hex digits of the request's content identity.
+
+    What tells a retry from another decision at the same timestamp: the
+    visitor and time alone made a second, different decision a 409, and lost it.
+    """
+    return hashlib.blake2b(identity, digest_size=8).hexdigest()
 
 
 def refuse_unknown_choices(consent: dict[str, Any]) -> None:
@@ -98,10 +108,11 @@ def consent_to_event(
         "timestamp": timestamp,
         "consent": consent,
     }
+    identity, legacy_identity = content_identities(request)
     if request.eid is not None:  # an empty one is refused by validation, as on /v1/events
         event["_eid"] = request.eid
     elif request.timestamp is not None:
-        event["_eid"] = _generated_id(request.visitorId, timestamp, site_id, unique=False)
+        event["_eid"] = _generated_id(request.visitorId, timestamp, site_id, _content_tag(identity))
     elif not (idempotency_key and idempotency_key.strip()):
-        event["_eid"] = _generated_id(request.visitorId, timestamp, site_id, unique=True)
-    return (_encoder.encode(event), *content_identities(request))
+        event["_eid"] = _generated_id(request.visitorId, timestamp, site_id, os.urandom(8).hex())
+    return _encoder.encode(event), identity, legacy_identity

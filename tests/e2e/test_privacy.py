@@ -141,7 +141,7 @@ async def test_consent_route_records_and_denies_identity(nursery: trio.Nursery, 
     assert (await server.client.post("/v1/events", json=own, headers=ACME)).json()["dropped"] == 1
     stored = await stored_events(server)
     assert {"id-1", "id-3", "id-4"}.isdisjoint(stored) and "id-2" in stored
-    transition = stored[f"consent:v1:{STAMP}:web"]["event"]
+    [transition] = [row["event"] for eid, row in stored.items() if eid.startswith(f"consent:v1:{STAMP}:web:")]
     assert transition["type"] == "_consent_transition"  # type: ignore[index]
     assert "page" not in transition  # type: ignore[operator]
 
@@ -563,7 +563,43 @@ async def test_one_decision_sent_to_two_properties_is_recorded_for_both(
     # (a retry at either property is still a duplicate)
     again = await server.client.post("/v1/consent", json=decision, headers={"X-API-Key": MULTI, "Origin": "https://b.com"})
     assert again.json()["duplicates"] == 1
-    assert sorted(await stored_events(server)) == [f"consent:v1:{STAMP}:a", f"consent:v1:{STAMP}:b"]
+    assert [eid.rsplit(":", 1)[0] for eid in sorted(await stored_events(server))] == [
+        f"consent:v1:{STAMP}:a", f"consent:v1:{STAMP}:b"
+    ]
+
+
+async def test_different_decisions_at_one_timestamp_are_each_recorded_and_the_later_wins(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # helper-69 #2: the generated id was consent:<visitor>:<int(timestamp)>:<site>, blind to
+    # content: a second, different decision with the same timestamp (or one differing in a
+    # fraction of a millisecond) was a 409 idempotency_conflict, and lost.
+    server = await started(nursery, tmp_path)
+
+    def decision(identity: bool, at: float = STAMP, **extra: object) -> dict[str, object]:
+        return {"visitorId": "tie1", "timestamp": at, "consent": {"analytics": True, "identityResolution": identity},
+                **extra}
+
+    async def send(body: dict[str, object]) -> tuple[int, int]:
+        response = await server.client.post("/v1/consent", json=body, headers=ACME)
+        assert response.status_code == 202, response.text
+        return response.json()["accepted"], response.json()["duplicates"]
+
+    async def identify_stored(eid: str) -> bool:
+        body = (await server.client.post("/v1/events", json=identify(eid, visitorId="tie1"), headers=ACME)).json()
+        return bool(body["accepted"])
+
+    assert await send(decision(True)) == (1, 0)
+    assert await send(decision(False)) == (1, 0)
+    assert await send(decision(False)) == (0, 1)  # an exact retry is still a duplicate
+    assert await send(decision(True)) == (0, 1)
+    assert not await identify_stored("id-tie-1")  # the later arrival wins the tie
+    assert await send(decision(True, sessionId="s2")) == (1, 0)
+    assert await identify_stored("id-tie-2")
+    assert await send(decision(False, STAMP + 0.25)) == (1, 0)
+    assert await send(decision(True, STAMP + 0.75)) == (1, 0)
+    ids = [eid for eid in await stored_events(server) if eid.startswith("consent:")]
+    assert len(ids) == 5 and len(set(ids)) == 5
 
 
 async def test_untimed_decisions_in_one_millisecond_are_each_recorded(nursery: trio.Nursery, tmp_path: Path) -> None:

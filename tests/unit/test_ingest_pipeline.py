@@ -455,6 +455,21 @@ def test_a_consent_body_names_each_unknown_choice() -> None:
     assert b'"identityResolution":false' in consent_to_event(known, now_ms=5, site_id="w")[0]
 
 
+def test_a_generated_consent_id_tells_decisions_apart_and_keeps_retries() -> None:
+    from collector.http.consent_body import consent_to_event
+
+    def eid(body: bytes) -> str:
+        return str(json.loads(consent_to_event(body, now_ms=5, site_id="w")[0])["_eid"])
+
+    grant = eid(b'{"visitorId":"v","timestamp":7,"consent":{"analytics":true,"identityResolution":true}}')
+    assert grant.startswith("consent:v:7:w:") and len(grant.rsplit(":", 1)[1]) == 16
+    assert grant == eid(b'{"consent":{"identityResolution":true,"analytics":true},"timestamp":7,"visitorId":"v"}')
+    denial = eid(b'{"visitorId":"v","timestamp":7,"consent":{"analytics":true,"identityResolution":false}}')
+    later = eid(b'{"visitorId":"v","timestamp":7.5,"consent":{"analytics":true,"identityResolution":true}}')
+    assert len({grant, denial, later}) == 3
+    assert len(eid(b'{"visitorId":"' + b"v" * 128 + b'","timestamp":7,"consent":{"analytics":true}}')) <= 128
+
+
 def test_translated_bodies_give_the_previous_identity_only_when_it_differs() -> None:
     from collector.http.consent_body import consent_to_event
     from collector.http.edge_body import edge_to_event
