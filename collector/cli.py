@@ -397,26 +397,28 @@ def _period(value: str) -> str:
 def cmd_usage_show(args: argparse.Namespace) -> int:
     from collector.usage_admin import usage_rows
 
-    skipped = _Skipped("key record")
+    skipped, damaged = _Skipped("key record"), _Skipped("usage counter")
     with _storage(args) as storage:
-        for row in usage_rows(storage, account=args.account, period=args.period, on_unreadable=skipped):
+        rows = usage_rows(storage, account=args.account, period=args.period, on_unreadable=skipped,
+                          on_damaged_counter=damaged)
+        for row in rows:
             print(_json.encode(row).decode())
-    return skipped.status
+    return max(skipped.status, damaged.status)
 
 
 def cmd_usage_invoice(args: argparse.Namespace) -> int:
     from collector.usage_admin import account_totals, invoice_lines
 
-    skipped = _Skipped("key record")
+    skipped, damaged = _Skipped("key record"), _Skipped("usage counter")
     with _storage(args) as storage:
-        lines = invoice_lines(storage, args.period, on_unreadable=skipped)
+        lines = invoice_lines(storage, args.period, on_unreadable=skipped, on_damaged_counter=damaged)
         for line in lines:
             print(_json.encode(line).decode())
         for account_total in account_totals(lines, args.period):
             print(_json.encode(account_total).decode())
         total = sum(line.amount_usd for line in lines)
         print(_json.encode({"period": args.period, "total_usd": total}).decode())
-    return skipped.status
+    return max(skipped.status, damaged.status)
 
 
 def cmd_backup(args: argparse.Namespace) -> int:

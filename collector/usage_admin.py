@@ -87,10 +87,18 @@ def account_policies(storage: Storage, on_unreadable: Unreadable | None = None) 
     return policies
 
 
-def _period_counters(storage: Storage, period: str) -> dict[tuple[str, str], int]:
-    """(account, kind) -> units of every readable counter of `period`."""
-    return {(account, kind): used for account, stored, kind, used in counters.iter_counters(storage)
-            if stored == period}
+class PeriodCounters(msgspec.Struct, frozen=True):
+    used: dict[tuple[str, str], int]  # (account, kind) -> units, of every readable counter
+    damaged: list[counters.DamagedCounter]  # those that may be the period's: never read as 0
+
+
+def _period_counters(storage: Storage, period: str) -> PeriodCounters:
+    used: dict[tuple[str, str], int] = {}
+    damaged: list[counters.DamagedCounter] = []
+    for account, stored, kind, units in counters.iter_counters(storage, on_damaged=damaged.append):
+        if stored == period:
+            used[(account, kind)] = units
+    return PeriodCounters(used, [row for row in damaged if row.period in (None, period)])
 
 
 def usage_rows(
@@ -99,12 +107,46 @@ def usage_rows(
     account: str | None = None,
     period: str | None = None,
     on_unreadable: Unreadable | None = None,
+    on_damaged_counter: Unreadable | None = None,
 ) -> list[UnitUsage]:
     """Every account with a key or with usage in the period: an account no key names any
-    more (its keys moved to another) still shows what it used."""
+    more (its keys moved to another) still shows what it used.
+
+    A counter of the period that cannot be read goes to `on_damaged_counter`
+    (its name, the problem) and its row is left out: used 0 would be a guess.
+    """
     period = period or billing_period(int(time.time() * 1000))
     policies = account_policies(storage, on_unreadable)
-    return _rows(policies, _period_counters(storage, period), period, account)
+    stored = _period_counters(storage, period)
+    left_out = _rows_left_out(stored.damaged, account, on_damaged_counter)
+    rows = _rows(policies, stored.used, period, account)
+    return [row for row in rows if (row.account, row.unit) not in left_out]
+
+
+UNITS = (PAGEVIEW_UNIT, COVERAGE_UNIT)  # the counters `usage show` reads (not the overage ones)
+
+
+def _rows_left_out(
+    damaged: list[counters.DamagedCounter], account: str | None, on_damaged: Unreadable | None
+) -> set[tuple[str, str]]:
+    """(account, unit) of the rows `damaged` leaves unknown; each damaged counter they read is reported."""
+    left_out: set[tuple[str, str]] = set()
+    for row in damaged:
+        if (account and row.account not in (None, account)) or row.kind not in (None, *UNITS):
+            continue  # not a counter this listing reads
+        if row.account is not None:
+            units = UNITS if row.kind is None else (row.kind,)
+            left_out |= {(row.account, unit) for unit in units}
+            consequence = f"its row of account {row.account!r} is left out"
+        else:
+            consequence = "an account's row may be missing or short"
+        _report(on_damaged, row, consequence)
+    return left_out
+
+
+def _report(on_damaged: Unreadable | None, damaged: counters.DamagedCounter, consequence: str) -> None:
+    if on_damaged is not None:
+        on_damaged(damaged.name, ValueError(f"{damaged.problem}; {consequence}"))
 
 
 def _rows(
@@ -130,7 +172,12 @@ def _rows(
     return rows
 
 
-def invoice_lines(storage: Storage, period: str, on_unreadable: Unreadable | None = None) -> list[InvoiceLine]:
+def invoice_lines(
+    storage: Storage,
+    period: str,
+    on_unreadable: Unreadable | None = None,
+    on_damaged_counter: Unreadable | None = None,
+) -> list[InvoiceLine]:
     """Overage priced in whole blocks (spec 8.4).
 
     The overage billed is what was served as overage: the units admitted
@@ -141,15 +188,23 @@ def invoice_lines(storage: Storage, period: str, on_unreadable: Unreadable | Non
     has none: it is priced with the account's current terms, as before (in
     the month of an upgrade the counter starts from that figure). In a later
     period a missing counter means that no overage was served.
+
+    A counter of the period that cannot be read goes to `on_damaged_counter`
+    (its name, the problem), and its account is left out of the invoice
+    altogether: a line or total priced as if it were 0 would bill short, and
+    one billed from part of its lines too.
     """
     lines = []
     policies = account_policies(storage, on_unreadable)
     stored = _period_counters(storage, period)
+    left_out = _accounts_left_out(stored.damaged, on_damaged_counter)
     began = counters.overage_counted_from(storage)
     counted = began is not None and period > began  # a missing counter then means no overage served
-    for row in _rows(policies, stored, period):
+    for row in _rows(policies, stored.used, period):
+        if row.account in left_out:
+            continue
         policy = policies.get(row.account)
-        served = stored.get((row.account, row.unit + counters.OVERAGE_SUFFIX))
+        served = stored.used.get((row.account, row.unit + counters.OVERAGE_SUFFIX))
         if served is not None:
             overage = served
         elif policy is not None and policy.overage and row.included is not None:
@@ -163,3 +218,16 @@ def invoice_lines(storage: Storage, period: str, on_unreadable: Unreadable | Non
         lines.append(InvoiceLine(row.account, period, row.unit, row.used, row.included, overage,
                                  blocks, size, price, blocks * price))
     return lines
+
+
+def _accounts_left_out(damaged: list[counters.DamagedCounter], on_damaged: Unreadable | None) -> set[str]:
+    """The accounts of `damaged`, which an invoice cannot price; each damaged counter is reported."""
+    left_out: set[str] = set()
+    for row in damaged:
+        if row.account is not None:
+            left_out.add(row.account)
+            consequence = f"account {row.account!r} is left out of the invoice"
+        else:
+            consequence = "the account it counts is unknown and may be billed short"
+        _report(on_damaged, row, consequence)
+    return left_out

@@ -46,22 +46,57 @@ def read_counter(storage: Storage, account: str, period: str, kind: str) -> int:
         return decode_value(raw)
 
 
-def iter_counters(storage: Storage) -> Iterator[tuple[str, str, str, int]]:
+class DamagedCounter(msgspec.Struct, frozen=True):
+    """A counter row that cannot be read. A part of its key that is not UTF-8
+    (or a key that is not three parts) is None: what it counted is unknown."""
+
+    name: str  # its key as account/period/kind, undecodable bytes escaped
+    account: str | None
+    period: str | None
+    kind: str | None
+    problem: str
+
+
+def read_row(key: bytes, value: bytes) -> tuple[str, str, str, int] | DamagedCounter:
+    """One stored row as (account, period, kind, used), or what is wrong with it."""
+    parts = key.split(b"\x00")
+    names = [_utf8(part) for part in parts] if len(parts) == 3 else [None, None, None]
+    account, period, kind = names
+    if account is None or period is None or kind is None:
+        problem = "its key is not three UTF-8 parts"
+    elif not is_counter(value):
+        problem = f"its value is {len(value)} bytes, not an {COUNTER_BYTES}-byte count"
+    else:
+        return account, period, kind, decode_value(value)
+    name = key.decode(errors="backslashreplace").replace("\x00", "/")
+    return DamagedCounter(name, account, period, kind, problem)
+
+
+def _utf8(part: bytes) -> str | None:
+    try:
+        return part.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def iter_counters(
+    storage: Storage, on_damaged: Callable[[DamagedCounter], None] | None = None
+) -> Iterator[tuple[str, str, str, int]]:
     """Every readable counter as (account, period, kind, used).
 
     A damaged row (a key that is not three UTF-8 parts, a value that is not a
-    counter) is left out here, where /metrics and `usage show` read it;
-    `collector check` reports it.
+    counter) goes to `on_damaged`, or is left out: /metrics must not break on
+    one; `usage show` and `usage invoice` name it and exit 1; `collector
+    check` reports it.
     """
     with mapped_lmdb_errors(), storage.read() as txn:
-        rows = list(txn.cursor(db=storage.dbs.counters))
+        rows = [(bytes(key), bytes(value)) for key, value in txn.cursor(db=storage.dbs.counters)]
     for key, value in rows:
-        try:
-            account, period, kind = bytes(key).decode().split("\x00")
-        except (UnicodeDecodeError, ValueError):
-            continue
-        if is_counter(value):
-            yield account, period, kind, decode_value(bytes(value))
+        row = read_row(key, value)
+        if not isinstance(row, DamagedCounter):
+            yield row
+        elif on_damaged is not None:
+            on_damaged(row)
 
 
 OVERAGE_SUFFIX = "_overage"  # kind of the counter of a unit's billed overage ("pageview_overage")

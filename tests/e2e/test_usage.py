@@ -11,7 +11,7 @@ from pathlib import Path
 import trio
 
 from tests.conftest import RunningServer, click, pageview, start_server
-from tests.helpers import run_cli
+from tests.helpers import rewrite_stored, run_cli
 
 FREE = "cs_live_free0000000"
 FREE_TWIN = "cs_live_free0000001"
@@ -372,3 +372,54 @@ async def test_a_new_directory_bills_its_first_month_from_what_was_served(nurser
     owed = next(row for row in invoice if row.get("account") == "paidco" and "account_total_usd" in row)
     assert owed == {"account": "paidco", "period": period, "account_total_usd": 50}
     assert invoice[-1] == {"period": period, "total_usd": 50}
+
+
+async def test_an_unreadable_counter_is_named_and_never_billed_as_zero(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # The server answers 503 for an account whose counter it cannot read; `usage invoice`
+    # billed it 0 and `usage show` reported 0 used, exit 0 and silent (review helper-70 #1).
+    other = "cs_live_other000000"
+    tenants = {"keys": [
+        TENANTS["keys"][0],
+        {**TENANTS["keys"][2], "contract": {"monthlyPageviews": 5, "pageviewCeiling": 50}},  # type: ignore[dict-item]
+        {"key": other, "clientId": "otherco", "plan": "paid", "overage": True, "rateLimit": 5000,
+         "sites": [{"siteId": "o", "domains": ["shop.example"]}], "contract": {"monthlyPageviews": 5}},
+    ]}
+    server = await start_server(nursery, tmp_path, tenants)
+    over = await send(server, PAID, [pageview(f"d{i}") for i in range(15)])
+    assert over.headers["X-Service-Billing-Mode"] == "metered_overage", over.text
+    assert (await send(server, other, [pageview(f"o{i}") for i in range(6)])).status_code == 202
+    period = over.headers["X-Service-Billing-Period"]
+
+    def cli(*argv: str) -> tuple[int, list[dict[str, object]], list[str]]:
+        result = run_cli(*argv, data_dir=server.data_dir, check=False)
+        assert "Traceback" not in result.stderr, result.stderr
+        return result.returncode, [json.loads(line) for line in result.stdout.splitlines()], result.stderr.splitlines()
+
+    def damage(kind: str) -> None:
+        rewrite_stored(server.data_dir, "counters", f"paidco\x00{period}\x00{kind}".encode(), value=b"xyz")
+
+    def named(kind: str, consequence: str) -> str:
+        return (f"collector: usage counter paidco/{period}/{kind} does not decode, skipped:"
+                f" its value is 3 bytes, not an 8-byte count; {consequence}")
+
+    damage("pageview_overage")  # held 10
+    status, out, err = cli("usage", "invoice", "--period", period)
+    assert (status, err) == (1, [named("pageview_overage", "account 'paidco' is left out of the invoice")])
+    assert [row.get("account") for row in out] == ["otherco"] * 3 + [None]  # nothing of paidco, not even $0
+    assert out[-1] == {"period": period, "total_usd": 50}
+    assert cli("usage", "show", "--account", "paidco")[0] == 0  # show reads no overage counter
+
+    damage("pageview")
+    assert (await send(server, PAID, [pageview("d-more")])).status_code == 503
+    status, out, err = cli("usage", "show", "--account", "paidco")
+    assert (status, err) == (1, [named("pageview", "its row of account 'paidco' is left out")])
+    assert [(row["unit"], row["used"]) for row in out] == [("coverage", 0)]
+    status, out, err = cli("usage", "show")  # another account's damage is no reason to leave freeco out
+    assert status == 1 and len(err) == 1 and {row["account"] for row in out} == {"freeco", "otherco", "paidco"}
+    status, out, err = cli("usage", "invoice", "--period", period)
+    assert status == 1 and len(err) == 2 and out[-1] == {"period": period, "total_usd": 50}
+    assert cli("usage", "show", "--period", "2001-01")[0] == 0  # another period's counters are not read
+    status, out, _ = cli("check")
+    problems = out[0]["problems"]
+    assert status == 1 and {f"usage counter paidco/{period}/{kind} is malformed"
+                             for kind in ("pageview", "pageview_overage")} <= set(problems), problems

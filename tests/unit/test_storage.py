@@ -214,6 +214,27 @@ def test_iter_counters_leaves_damaged_rows_out(tmp_path: Path) -> None:
     storage.close()
 
 
+def test_a_damaged_counter_row_says_what_it_counted_as_far_as_it_can_be_read(tmp_path: Path) -> None:
+    # `usage show` and `invoice` name these and leave out what they counted (review helper-70 #1).
+    assert counters.read_row(b"acme\x002026-11\x00pageview", counters.encode_value(7)) == (
+        "acme", "2026-11", "pageview", 7)
+    assert counters.read_row(b"acme\x002026-11\x00pageview_overage", b"xyz") == counters.DamagedCounter(
+        "acme/2026-11/pageview_overage", "acme", "2026-11", "pageview_overage",
+        "its value is 3 bytes, not an 8-byte count")
+    assert counters.read_row(b"caf\xe9\x002026-11\x00pageview", counters.encode_value(1)) == counters.DamagedCounter(
+        "caf\\xe9/2026-11/pageview", None, "2026-11", "pageview", "its key is not three UTF-8 parts")
+    assert counters.read_row(b"no-separators", counters.encode_value(1)) == counters.DamagedCounter(
+        "no-separators", None, None, None, "its key is not three UTF-8 parts")
+    storage = Storage(tmp_path)
+    with storage.env.begin(write=True) as txn:
+        txn.put(counters.counter_key("acme", "2026-11", "pageview"), counters.encode_value(7), db=storage.dbs.counters)
+        txn.put(counters.counter_key("acme", "2026-11", "coverage"), b"\x01", db=storage.dbs.counters)
+    damaged: list[counters.DamagedCounter] = []
+    assert list(counters.iter_counters(storage, on_damaged=damaged.append)) == [("acme", "2026-11", "pageview", 7)]
+    assert [row.name for row in damaged] == ["acme/2026-11/coverage"]
+    storage.close()
+
+
 def test_format_0_directory_is_migrated(tmp_path: Path) -> None:
     import lmdb
 
