@@ -51,7 +51,7 @@ from collector.runtime import STOP_SIGNALS, defer_stop_signals, early_stop_signa
 from collector.services import Services, wall_clock
 from collector.settings import Settings, SettingsError, load_cidrs
 from collector.signals.projection import VisitorProjection
-from collector.tenants_admin import import_tenants, settle_account_suspension
+from collector.tenants_admin import import_tenants, imported_term_notes, settle_account_suspension
 from storage.counters import iter_counters, mark_overage_counting
 from storage.env import Storage
 from storage.errors import StorageError
@@ -82,7 +82,9 @@ def prepare_data_dir(storage: Storage, settings: Settings, now_ms: int) -> None:
         _warn_of_demo_keys(storage)
     if settings.tenants:
         # start-up, before anything serves: a blocking read is fine here
-        import_tenants(storage, Path(settings.tenants).read_bytes())
+        imported = import_tenants(storage, Path(settings.tenants).read_bytes())
+        for note in imported_term_notes(storage, imported):  # what `tenants import` prints
+            log.warning("tenants file %s: %s", settings.tenants, note)
     settle_account_suspension(storage)  # (idempotent: writes only what an older import left)
     mark_overage_counting(storage, billing_period(now_ms))
 

@@ -18,7 +18,7 @@ from typing import NoReturn
 
 import msgspec
 
-from collector.access.tenants import KeyRecord, TenantsFileError
+from collector.access.tenants import TenantsFileError
 from collector.settings import Settings, SettingsError, load_settings
 from storage.env import Storage
 from storage.errors import StorageError
@@ -196,7 +196,7 @@ def _listen(settings: Settings) -> socket.socket:
 
 
 def cmd_tenants_import(args: argparse.Namespace) -> int:
-    from collector.tenants_admin import import_tenants, list_records
+    from collector.tenants_admin import import_tenants, imported_term_notes
 
     try:
         data = Path(args.file).read_bytes()
@@ -209,31 +209,10 @@ def cmd_tenants_import(args: argparse.Namespace) -> int:
         records = import_tenants(storage, data)
         for record in records:
             print(one_line(f"imported {record.key} clientId={record.clientId} keyType={record.key_type}"))
-        touched = {record.billing_account for record in records}
-        stored = [r for r in list_records(storage, on_unreadable=lambda key, error: None)  # check lists them
-                  if r.billing_account in touched and not r.revokedAt]
-    for account in _idle_pageview_ceilings(stored):
-        print(
-            f"collector: note: billing account {account!r} has a contract pageviewCeiling but overage off:"
-            " the stop is its allowance (spec 8.3); set monthlyPageviews to change it",
-            file=sys.stderr,
-        )
+        notes = imported_term_notes(storage, records)
+    for note in notes:
+        print(one_line(f"collector: note: {note}"), file=sys.stderr)
     return 0
-
-
-def _idle_pageview_ceilings(records: list[KeyRecord]) -> list[str]:
-    """Accounts whose contract pageviewCeiling does nothing, as overage is not in force.
-
-    `records`: stored records, which carry the account's terms; the usage policy
-    decides whether overage is in force.
-    """
-    from collector.limits.usage import policy_for
-
-    return sorted({
-        r.billing_account for r in records
-        if r.accountContract is not None and r.accountContract.pageviewCeiling is not None
-        and not policy_for(r).overage
-    })
 
 
 def cmd_tenants_list(args: argparse.Namespace) -> int:

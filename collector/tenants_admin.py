@@ -19,6 +19,7 @@ from collector.access.tenants import (
     encode_record,
     parse_tenants_file,
 )
+from collector.limits.usage import term_notes
 from storage import keys as key_store
 from storage.env import Storage
 from storage.errors import UNREADABLE_RECORD
@@ -185,6 +186,16 @@ def list_records(
                 raise
             on_unreadable(f"{key[:12]}...", exc)
     return records
+
+
+def imported_term_notes(storage: Storage, imported: list[KeyRecord]) -> list[str]:
+    """The notes on the stored terms of each billing account `imported` touched
+    (limits.usage.term_notes), which `tenants import` prints and `serve` logs."""
+    touched = {record.billing_account for record in imported}
+    live = [r for r in list_records(storage, on_unreadable=lambda key, error: None)  # check lists them
+            if r.billing_account in touched and not r.revokedAt]
+    notes = (note for record in sorted(live, key=lambda r: r.billing_account) for note in term_notes(record))
+    return list(dict.fromkeys(notes))  # (every key of an account has its terms: once each)
 
 
 def live_keys_among(storage: Storage, keys: Iterable[str]) -> list[str]:

@@ -32,7 +32,7 @@ import time
 
 import msgspec
 
-from collector.access.tenants import KeyRecord, Plan
+from collector.access.tenants import Contract, KeyRecord, Plan
 
 
 class BillingMode(enum.StrEnum):
@@ -69,9 +69,7 @@ class UsagePolicy(msgspec.Struct, frozen=True):
 def policy_for(key: KeyRecord) -> UsagePolicy:
     plan = key.accountPlan if key.accountTerms and key.accountPlan is not None else key.normalized_plan
     pageviews, coverage = PACKAGES[plan]
-    # The account's terms (operator contract: `contract` and `overage` belong to the
-    # billing account); records imported before they were kept carry only their own.
-    contract = key.accountContract if key.accountTerms else key.contract
+    contract = account_contract(key)
     if contract is not None:
         pageviews = contract.monthlyPageviews if contract.monthlyPageviews is not None else pageviews
         coverage = contract.signalsCoverage if contract.signalsCoverage is not None else coverage
@@ -93,6 +91,40 @@ def policy_for(key: KeyRecord) -> UsagePolicy:
         coverage_included=coverage,
         coverage_ceiling=coverage_ceiling,
     )
+
+
+def account_contract(key: KeyRecord) -> Contract | None:
+    """The contract of the key's billing account (operator contract: `contract` and
+    `overage` belong to the account); records imported before the account's terms
+    were kept carry only their own."""
+    return key.accountContract if key.accountTerms else key.contract
+
+
+def term_notes(key: KeyRecord) -> list[str]:
+    """What the terms of the key's billing account do that its contract does not say.
+
+    A contract ceiling that does nothing (pageviewCeiling with overage off) or
+    that stops the account before its allowance can be reached. Notes, not
+    refusals: such a file was accepted before, and `serve --tenants` must
+    still start on it.
+    """
+    contract, policy = account_contract(key), policy_for(key)
+    if contract is None:
+        return []
+    notes, account = [], key.billing_account
+    if contract.pageviewCeiling is not None and not policy.overage:
+        notes.append(f"billing account {account!r} has a contract pageviewCeiling but overage off:"
+                     " the stop is its allowance (spec 8.3); set monthlyPageviews to change it")
+    elif contract.pageviewCeiling is not None and policy.pageview_ceiling < policy.pageview_included:
+        notes.append(f"billing account {account!r} has a contract pageviewCeiling of {policy.pageview_ceiling},"
+                     f" below its {policy.pageview_included} included pageviews (monthlyPageviews): it is"
+                     " refused (safety_ceiling_reached) before it reaches its allowance")
+    if contract.coverageCeiling is not None and policy.coverage_ceiling < policy.coverage_included:
+        notes.append(f"billing account {account!r} has a contract coverageCeiling of {policy.coverage_ceiling},"
+                     f" below its {policy.coverage_included} included coverage units (signalsCoverage): its"
+                     " reads are degraded and its non-pageview events refused (accepted_event_safety_ceiling_reached)"
+                     " before it reaches its allowance")
+    return notes
 
 
 class UsageSnapshot(msgspec.Struct, frozen=True):

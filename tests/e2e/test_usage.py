@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import calendar
 import json
+import logging
 import sys
 import time
 from pathlib import Path
 
+import pytest
 import trio
 
 from tests.conftest import RunningServer, click, pageview, start_server
@@ -240,6 +242,33 @@ async def test_with_overage_off_a_higher_contract_ceiling_does_not_pass_the_allo
     # The import says the ceiling does nothing here, instead of letting an operator believe it.
     note = run_cli("tenants", "import", str(tmp_path / "tenants.json"), data_dir=server.data_dir)
     assert "has a contract pageviewCeiling but overage off" in note.stderr
+
+
+async def test_a_contract_ceiling_below_the_allowance_is_noted_by_import_and_serve(
+    nursery: trio.Nursery, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The import accepted it silently, and the allowance could never be reached (review
+    # helper-70 #2). Still accepted: `serve --tenants` re-imports the file at every start.
+    low = "cs_live_lowceil0000"
+    contract = {"monthlyPageviews": 20, "pageviewCeiling": 10, "signalsCoverage": 10, "coverageCeiling": 5}
+    tenants = {"keys": [{"key": low, "clientId": "lowco", "plan": "paid", "overage": True, "rateLimit": 5000,
+                         "sites": [{"siteId": "s", "domains": ["shop.example"]}], "contract": contract}]}
+    with caplog.at_level(logging.WARNING, logger="collector"):
+        server = await start_server(nursery, tmp_path, tenants)
+    expected = [
+        "billing account 'lowco' has a contract pageviewCeiling of 10, below its 20 included pageviews",
+        "billing account 'lowco' has a contract coverageCeiling of 5, below its 10 included coverage units",
+    ]
+    logged = [r.getMessage() for r in caplog.records if "below its" in r.getMessage()]
+    assert [len(logged), *(any(part in line for line in logged) for part in expected)] == [2, True, True], logged
+    assert (await send(server, low, [pageview(f"w{i}") for i in range(10)])).status_code == 202
+    stopped = await send(server, low, [pageview("w10")])
+    assert (stopped.status_code, stopped.json()["reason"]) == (429, "safety_ceiling_reached")  # 10 of 20 used
+
+    result = run_cli("tenants", "import", str(tmp_path / "tenants.json"), data_dir=server.data_dir)
+    notes = result.stderr.splitlines()
+    assert len(notes) == 2 and all(note.startswith("collector: note: ") for note in notes), notes
+    assert all(part in note for part, note in zip(expected, notes, strict=True)), notes
 
 
 async def test_signals_reads_degrade_at_a_coverage_ceiling_below_the_allowance(

@@ -110,7 +110,7 @@ def test_an_account_keeps_its_paid_plan_when_a_key_moves_away(tmp_path: Path) ->
 def test_import_notes_a_pageview_ceiling_that_does_nothing(tmp_path: Path) -> None:
     # Overage is in force only for a paid account: a free key's `overage: true` leaves the
     # contract's pageviewCeiling idle, and the import says so.
-    from collector.cli import _idle_pageview_ceilings
+    from collector.tenants_admin import imported_term_notes
 
     site = {"sites": [{"siteId": "w", "domains": ["a.example"]}]}
     keys = [
@@ -124,7 +124,11 @@ def test_import_notes_a_pageview_ceiling_that_does_nothing(tmp_path: Path) -> No
     storage = Storage(tmp_path)
     try:
         _import(storage, *keys)
-        assert _idle_pageview_ceilings(list_records(storage)) == ["f", "q"]
+        notes = imported_term_notes(storage, list_records(storage))
+        idle = [note.split(" has ")[0] for note in notes if "pageviewCeiling but overage off" in note]
+        assert idle == ["billing account 'f'", "billing account 'q'"]
+        # (p's ceiling is in force, and below the 25,000 pageviews of its package: noted too)
+        assert len(notes) == 3 and "'p' has a contract pageviewCeiling of 9000, below its 25000" in notes[1]
     finally:
         storage.close()
 

@@ -17,6 +17,7 @@ from collector.limits.usage import (
     coverage_read_allowed,
     decide,
     policy_for,
+    term_notes,
 )
 
 
@@ -164,3 +165,24 @@ def test_period_format(month: str) -> None:
 
     year, mon = map(int, month.split("-"))
     assert billing_period(calendar.timegm((year, mon, 1, 0, 0, 0)) * 1000) == month
+
+
+def test_a_contract_ceiling_below_the_allowance_is_noted_with_both_numbers() -> None:
+    # The allowance can never be reached: `tenants import` and `serve` say so (review helper-70 #2).
+    low = Contract(monthlyPageviews=20, pageviewCeiling=10, signalsCoverage=10, coverageCeiling=5)
+    notes = term_notes(key(plan="paid", overage=True, contract=low))
+    assert [note.split(":")[0] for note in notes] == [
+        "billing account 'acme' has a contract pageviewCeiling of 10, below its 20 included pageviews (monthlyPageviews)",
+        "billing account 'acme' has a contract coverageCeiling of 5, below its 10 included coverage units"
+        " (signalsCoverage)",
+    ]
+    # With overage off the pageview ceiling does nothing (its own note); the coverage ceiling still stops.
+    notes = term_notes(key(plan="paid", contract=low))
+    assert ["overage off" in note for note in notes] == [True, False]
+    # The plan's package counts as the allowance too; at or above it, nothing to say.
+    assert "below its 25000 included pageviews" in term_notes(
+        key(plan="paid", overage=True, contract=Contract(pageviewCeiling=24_999)))[0]
+    for fine in (Contract(monthlyPageviews=20, pageviewCeiling=20, signalsCoverage=10, coverageCeiling=10),
+                 Contract(monthlyPageviews=20)):
+        assert term_notes(key(plan="paid", overage=True, contract=fine)) == []
+    assert term_notes(key(plan="paid", overage=True)) == []
