@@ -219,6 +219,7 @@ class Admission:
                 raise JobRefused(MeteringUnavailable(bytes(ck).decode(errors="replace")))
             used[unit] = counters.decode_value(raw_count)
         usage = self.budget(used, added)  # raises JobRefused on a billing stop
+        self._refuse_unreadable_overage(txn, dbs, used, added)
 
         # Decided: from here on, only writes.
         if new:
@@ -291,3 +292,18 @@ class Admission:
             if receipts[index] is None and index not in denied:
                 receipts[index] = receipts[first_in_batch[keys[index]]]
         return AdmissionResult([r or "" for r in receipts], duplicate, usage, list(denied))
+
+    def _refuse_unreadable_overage(self, txn: Any, dbs: Any, used: dict[str, int], added: dict[str, int]) -> None:
+        """Refuse, as for an unreadable usage counter, a batch whose overage has no readable counter.
+
+        add_overage leaves such a value as it is, so the overage served would
+        never be billed (and `usage invoice` leaves the account out until it is
+        repaired). A batch that serves none is admitted.
+        """
+        for unit, included in (self.included or {}).items():
+            if not counters.served_overage(included, used[unit], added.get(unit, 0)):
+                continue
+            key = counters.overage_key(self.account, self.period, unit)
+            raw = txn.get(key, db=dbs.counters)
+            if not counters.is_counter(raw):
+                raise JobRefused(MeteringUnavailable(bytes(key).decode(errors="replace")))

@@ -205,8 +205,10 @@ class SpendUnits:
         used = decode_value(raw)
         if not self.allow(used, self.units):
             return Spend(used, False)
-        ctx.txn.put(self.key, encode_value(used + self.units), db=ctx.dbs.counters)
         if self.overage is not None:
             key, included, period = self.overage
+            if served_overage(included, used, self.units) and not is_counter(ctx.txn.get(key, db=ctx.dbs.counters)):
+                return Spend(used, False, readable=False)  # overage it could not count would go unbilled
             add_overage(ctx.txn, ctx.dbs, key, included=included, used=used, added=self.units, period=period)
+        ctx.txn.put(self.key, encode_value(used + self.units), db=ctx.dbs.counters)
         return Spend(used + self.units, True)

@@ -18,6 +18,7 @@ import pytest
 import trio
 
 from tests.conftest import RunningServer, pageview, start_server
+from tests.helpers import rewrite_stored
 
 FREE = "cs_live_sigfree00000"
 PAID = "cs_live_sigpaid00000"
@@ -551,6 +552,20 @@ async def test_paid_overage_reads_full_up_to_the_ceiling(nursery: trio.Nursery, 
     # 1 unit included, ceiling 3 with overage on
     assert [r.json()["coverageMode"] for r in reads] == ["full", "full", "full", "degraded", "degraded"]
     assert [used(r) for r in reads] == [1, 2, 3, 3, 3]
+
+
+async def test_a_read_that_would_serve_overage_it_cannot_count_is_degraded(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # A damaged overage counter was left as it was and the overage served
+    # went unbilled; within the allowance it is not read at all.
+    server = await started(nursery, tmp_path)
+    origin = {"Origin": "https://over.com"}
+    period = time.strftime("%Y-%m", time.gmtime())
+    rewrite_stored(server.data_dir, "counters", f"over\x00{period}\x00coverage_overage".encode(), value=b"xyz")
+    reads = [await read(server, "v-over", key=OVERAGE, **origin) for _ in range(2)]
+    assert [r.json()["coverageMode"] for r in reads] == ["full", "degraded"]
+    assert used(reads[0]) == 1 and "X-Service-Signals-Coverage-Used" not in reads[1].headers
 
 
 async def busy_reads(nursery: trio.Nursery, tmp_path: Path) -> tuple[RunningServer, list[httpx.Response]]:

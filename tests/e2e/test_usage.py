@@ -437,6 +437,10 @@ async def test_an_unreadable_counter_is_named_and_never_billed_as_zero(nursery: 
     assert [row.get("account") for row in out] == ["otherco"] * 3 + [None]  # nothing of paidco, not even $0
     assert out[-1] == {"period": period, "total_usd": 50}
     assert cli("usage", "show", "--account", "paidco")[0] == 0  # show reads no overage counter
+    # Serving more overage it cannot count would never be billed: refused as metering trouble.
+    refused = await send(server, PAID, [pageview("d-overage")])
+    assert (refused.status_code, refused.json()["error"]) == (503, "usage_metering_unavailable"), refused.text
+    assert cli("usage", "show", "--account", "paidco")[1][0]["used"] == 15  # nothing admitted
 
     damage("pageview")
     assert (await send(server, PAID, [pageview("d-more")])).status_code == 503
