@@ -37,10 +37,26 @@ class EdgePageview(msgspec.Struct, frozen=True):
     timestamp: int | float | None = None
     userAgent: str | None = None
     consent: dict[str, Any] | None = None
-    # The visitor's address as the edge saw it (CF-Connecting-IP and the like):
-    # the only address the datacenter heuristic may judge on this route, since
-    # the connection is the edge worker's. Never stored.
+    # The visitor's address as the edge saw it (CF-Connecting-IP and the like),
+    # which the datacenter heuristic judges instead of the connection's (the edge
+    # worker's). Never stored, and not content: see _EdgeContent.
     clientIp: Annotated[str, Meta(max_length=45)] | None = None
+
+
+class _EdgeContent(msgspec.Struct, frozen=True):
+    """What the idempotency hash covers: the request's content, in the layout the
+    edge body had before `clientIp` (and a null `title`): a record stored by an
+    earlier version still matches a retry of the same request."""
+
+    url: str
+    visitorId: str
+    sessionId: str
+    eid: str | None = msgspec.field(default=None, name="_eid")
+    title: str = ""
+    referrer: str | None = None
+    timestamp: int | float | None = None
+    userAgent: str | None = None
+    consent: dict[str, Any] | None = None
 
 
 class EdgeTranslation(NamedTuple):
@@ -98,11 +114,8 @@ def edge_to_event(body: bytes, *, user_agent: str | None, now_ms: int, website_k
         path = urlsplit(edge.url).path or "/"
     except ValueError:  # ("http://[::1", a host that changes under NFKC): it was a 500
         raise _invalid("$.url", "url does not parse as a URL") from None
-    if edge.clientIp is not None:
-        try:
-            ipaddress.ip_address(edge.clientIp)
-        except ValueError:
-            raise _invalid("$.clientIp", "clientIp is not an IPv4 or IPv6 address") from None
+    if edge.clientIp is not None and not _is_address(edge.clientIp):
+        raise _invalid("$.clientIp", "clientIp is not an IPv4 or IPv6 address")
     page: dict[str, Any] = {"url": edge.url, "path": path, "title": edge.title or ""}
     if edge.referrer:
         page["referrer"] = edge.referrer
@@ -121,26 +134,37 @@ def edge_to_event(body: bytes, *, user_agent: str | None, now_ms: int, website_k
         event["_eid"] = edge.eid
     if edge.consent is not None:
         event["consent"] = edge.consent
+    content = _EdgeContent(
+        edge.url, edge.visitorId, edge.sessionId, edge.eid, edge.title or "",
+        edge.referrer, edge.timestamp, edge.userAgent, edge.consent,
+    )  # fmt: skip
     # As on /v1/events, a resend that differs only past a truncation limit is the same content.
-    truncated = _within_limits(edge)
+    truncated = _within_limits(content)
     identity, legacy = content_identities(truncated)
-    if truncated is not edge:  # the previous version's identity was of the request untruncated
-        legacy = _identity_encoder.encode(edge)
+    if truncated is not content:  # the previous version's identity was of the request uncut
+        legacy = _identity_encoder.encode(content)
     return EdgeTranslation(_encoder.encode(event), edge.url, identity, legacy, edge.clientIp)
 
 
-def _within_limits(edge: EdgePageview) -> EdgePageview:
-    """The request with url, title and referrer cut as the pageview's are (spec 8.1)."""
-    referrer = edge.referrer
-    title = edge.title
-    if len(edge.url) <= URL_MAX and (title is None or len(title) <= TITLE_MAX) and (
+def _is_address(text: str) -> bool:
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return getattr(address, "scope_id", None) is None  # ("fe80::1%eth0" names a local link)
+
+
+def _within_limits(content: _EdgeContent) -> _EdgeContent:
+    """The content with url, title and referrer cut as the pageview's are (spec 8.1)."""
+    referrer = content.referrer
+    if len(content.url) <= URL_MAX and len(content.title) <= TITLE_MAX and (
         referrer is None or len(referrer) <= URL_MAX
     ):
-        return edge
+        return content
     return msgspec.structs.replace(
-        edge,
-        url=edge.url[:URL_MAX],
-        title=title[:TITLE_MAX] if title is not None else None,
+        content,
+        url=content.url[:URL_MAX],
+        title=content.title[:TITLE_MAX],
         referrer=referrer[:URL_MAX] if referrer is not None else None,
     )
 

@@ -155,12 +155,17 @@ async def _ingest(
         # The translations keep only known fields: scan the request as sent first.
         await run_pure(len(body), refuse_payment_data, body)
         if route == EDGE_ROUTE:
-            body, page_url, content_identity, legacy_identity, visitor_ip = edge_to_event(
+            body, page_url, content_identity, legacy_identity, sent_ip = edge_to_event(
                 body, user_agent=hdr.get("user-agent"), now_ms=now_ms, website_key=key_type == KeyType.BROWSER
             )
-            # The connection and its headers are the edge worker's, not the visitor's:
-            # the visitor is judged by its user agent, and its address if the edge sent it.
-            evidence_headers = {}
+            # An edge worker's connection and headers are its own, not its visitors':
+            # the address it sends stands for the visitor's, and without Origin or
+            # Referer (a browser sends one) its headers are not evidence. A client
+            # that sends no clientIp is judged by its own address, as on /v1/events.
+            if sent_ip is not None:
+                visitor_ip = sent_ip
+            if not (hdr.get("origin") or hdr.get("referer")):
+                evidence_headers = {}
             if site is None:
                 site = bind_page_site(record, page_url)
         else:

@@ -116,32 +116,37 @@ async def test_an_edge_pageview_is_judged_by_its_visitor_not_by_the_edge_worker(
 ) -> None:
     # The edge worker's connection (here from a listed hosting range) and its own
     # headers said "datacenter" and "automation" of every human pageview it relayed
-    # (helper-68). The visitor's address counts when the edge sends it.
+    # (helper-68). The visitor's address counts when the edge sends it; a client
+    # that sends none is judged by its own, and a browser (Origin) by its headers
+    # too, as on /v1/events (helper-71).
     server = await started(nursery, tmp_path)
     worker = {"X-API-Key": WEB, "X-Forwarded-For": "203.0.113.5", "User-Agent": FIREFOX,
               "Sec-CH-UA": '"Chromium";v="131"'}
 
-    async def edge(eid: str, **fields: str) -> None:
+    async def edge(eid: str, headers: dict[str, str] = worker, **fields: str) -> None:
         body = {"_eid": eid, "visitorId": "v", "sessionId": "s", "url": "https://acme.com/", "userAgent": CHROME}
-        response = await server.client.post("/v1/edge/pageview", json={**body, **fields}, headers=worker)
+        response = await server.client.post("/v1/edge/pageview", json={**body, **fields}, headers=headers)
         assert response.status_code == 202, response.text
 
-    await edge("edge-human")
     await edge("edge-residential", clientIp="198.51.100.9")
     await edge("edge-datacenter", clientIp="203.0.113.40")
     await edge("edge-dc-v6", clientIp="2001:db8:dc::40")
-    await edge("edge-crawler", userAgent=GPTBOT)
+    await edge("edge-crawler", clientIp="198.51.100.9", userAgent=GPTBOT)
+    await edge("edge-no-address")  # judged by the connection's: the listed worker's
+    browser = {**worker, "Origin": "https://acme.com", "X-Forwarded-For": "198.51.100.9"}
+    await edge("edge-browser", browser, userAgent=FIREFOX)  # Chromium hints with a Firefox agent
     assert await verdicts(server) == {
-        "edge-human": (False, "human"), "edge-residential": (False, "human"),
-        "edge-datacenter": (True, "datacenter"), "edge-dc-v6": (True, "datacenter"),
-        "edge-crawler": (True, "ai_crawler"),
+        "edge-residential": (False, "human"), "edge-datacenter": (True, "datacenter"),
+        "edge-dc-v6": (True, "datacenter"), "edge-crawler": (True, "ai_crawler"),
+        "edge-no-address": (True, "datacenter"), "edge-browser": (True, "automation"),
     }
     rows = await outbox_dump(server.data_dir)
     assert all("clientIp" not in str(row["event"]) and "198.51.100.9" not in str(row["event"]) for row in rows)
-    bad = await server.client.post("/v1/edge/pageview", headers=worker, json={
-        "_eid": "edge-bad-ip", "visitorId": "v", "sessionId": "s", "url": "https://acme.com/", "clientIp": "nope"})
-    assert (bad.status_code, bad.json()["error"]) == (400, "validation_error"), bad.text
-    assert bad.json()["details"] == [{"path": "$.clientIp", "message": "clientIp is not an IPv4 or IPv6 address"}]
+    for bad_ip in ("nope", "2001:db8:dc::5%1"):  # (a scope id names a local link, and matched no list)
+        bad = await server.client.post("/v1/edge/pageview", headers=worker, json={
+            "_eid": "edge-bad-ip", "visitorId": "v", "sessionId": "s", "url": "https://acme.com/", "clientIp": bad_ip})
+        assert (bad.status_code, bad.json()["error"]) == (400, "validation_error"), bad.text
+        assert bad.json()["details"] == [{"path": "$.clientIp", "message": "clientIp is not an IPv4 or IPv6 address"}]
 
 
 async def test_native_clients_are_exempt_except_from_automation(nursery: trio.Nursery, tmp_path: Path) -> None:

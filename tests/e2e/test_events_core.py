@@ -454,10 +454,15 @@ async def test_an_edge_resend_differing_past_a_truncation_limit_is_a_duplicate(s
     assert (again.status_code, again.json()["duplicates"]) == (202, 1), again.text
     changed = await server.client.post("/v1/edge/pageview", json={**body, "url": "https://acme.com/b"}, headers=H)
     assert changed.json()["error"] == "idempotency_conflict"
-    # A null title is an empty one, as a null referrer or userAgent is absent (it was a 400).
+    # A null title is an empty one, as a null referrer or userAgent is absent (it was a 400);
+    # an absent, null or empty title, and a clientIp (never stored), are the same content.
     untitled = {**body, "_eid": "edge-untitled", "url": "https://acme.com/", "title": None, "referrer": None}
     response = await server.client.post("/v1/edge/pageview", json=untitled, headers=H)
     assert response.json()["accepted"] == 1, response.text
+    for same in ({**untitled, "title": ""}, {k: v for k, v in untitled.items() if k != "title"},
+                 {**untitled, "clientIp": "198.51.100.7"}):
+        response = await server.client.post("/v1/edge/pageview", json=same, headers=H)
+        assert (response.status_code, response.json()["duplicates"]) == (202, 1), response.text
 
 
 async def test_a_card_number_in_a_user_agent_after_a_shorter_number_is_refused(server: RunningServer) -> None:
