@@ -259,22 +259,24 @@ def _has_card(text: str, *, unsure: str) -> bool:
         if sum(map(len, groups)) < 12:
             continue
         # A group glued to a letter or digit, or a decimal fraction, belongs to
-        # a longer token; the other groups of the run may still form a card.
+        # a longer token; a later group of the run may still be a card in one piece.
         before = _glued_before(text, match.start(), unsure)
         if _glued_after(text, match.end(), unsure):
             groups = groups[:-1]
         for start in range(len(groups)):
             if start == 0:
-                may_start = before is not True
-            elif start == 1 and before is not False:
-                may_start = True
+                cards = groups if before is not True else []
+            elif start == 1 and before is None:  # unsure whether the first group is glued
+                cards = groups[1:]
+            elif len(groups[start]) in (15, 16):
+                # A card in one piece after other digits ("Firefox/133 4111111111111111",
+                # "year 2026 4111..."): the lengths nearly every card has. Shorter groups
+                # there are barcodes (EAN-13 after a size) and ids, and digits grouped
+                # after other groups are IBANs ("DE51 5001 0517 ...") and references.
+                cards = groups[start : start + 1]
             else:
-                # After a group that is not four digits long ("Firefox/133 4111...",
-                # "qty 12 4111 1111 ..."): a card written in fours would not have
-                # continued it. After one that is, the run is grouped in fours
-                # (an IBAN's digits) and a card would have started earlier.
-                may_start = len(groups[start - 1]) != 4
-            if may_start and _groups_hold_card(groups[start:]):
+                continue
+            if cards and _groups_hold_card(cards):
                 return True
     return False
 
