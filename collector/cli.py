@@ -128,18 +128,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 class _FirstStart:
-    """What `_one_serve_per_directory` created: the directory and an empty data.mdb, or neither."""
+    """What `_one_serve_per_directory` created: an empty data.mdb, and the directories
+    down to it that did not exist (deepest first)."""
 
-    def __init__(self, data_dir: Path, made_dir: bool, made_file: bool) -> None:
-        self.data_dir, self.made_dir, self.made_file = data_dir, made_dir, made_file
+    def __init__(self, data_dir: Path, made_dirs: list[Path], made_file: bool) -> None:
+        self.data_dir, self.made_dirs, self.made_file = data_dir, made_dirs, made_file
 
     def undo(self) -> None:
         """Remove them again, while nothing else has been written (best effort)."""
         with contextlib.suppress(OSError):
             if self.made_file:
                 (self.data_dir / "data.mdb").unlink()
-            if self.made_dir:
-                self.data_dir.rmdir()  # (only if still empty)
+            for directory in self.made_dirs:
+                directory.rmdir()  # (only while empty)
 
 
 def _one_serve_per_directory(data_dir: Path) -> tuple[int, _FirstStart]:
@@ -157,7 +158,7 @@ def _one_serve_per_directory(data_dir: Path) -> tuple[int, _FirstStart]:
     import os
 
     path = data_dir / "data.mdb"
-    made_dir = not data_dir.exists()
+    made_dirs = [d for d in (data_dir, *data_dir.absolute().parents) if not d.exists()]
     try:
         data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # (as Storage would, a moment later)
         made_file = not path.exists()
@@ -172,7 +173,7 @@ def _one_serve_per_directory(data_dir: Path) -> tuple[int, _FirstStart]:
     except OSError as exc:  # (NFS emulates flock with POSIX locks, which want a writable descriptor)
         os.close(fd)
         raise UsageError(f"cannot lock {path}: {exc.strerror} (a network file system?)") from None
-    return fd, _FirstStart(data_dir, made_dir, made_file)
+    return fd, _FirstStart(data_dir, made_dirs, made_file)
 
 
 def _listen(settings: Settings) -> socket.socket:

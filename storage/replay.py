@@ -47,7 +47,7 @@ class ReplayHead(msgspec.Struct, array_like=True, frozen=True):
 
 
 class StoredChunk(msgspec.Struct, frozen=True):
-    receipt_id: str
+    receipt_id: str | None  # None: a new chunk the job was told not to store
     duplicate: bool
 
 
@@ -105,6 +105,7 @@ class StoreChunk:
         "visitor_id",
         "client_timestamp",
         "events",
+        "store",
     )
 
     def __init__(
@@ -118,8 +119,12 @@ class StoreChunk:
         visitor_id: str,
         client_timestamp: int | float | None,
         events: bytes,
+        store: bool = True,
     ) -> None:
+        """`store` False: recognise a stored duplicate or conflict only (a chunk its
+        consent keeps out), storing nothing new."""
         self.key = chunk_key(client_id, site_id, session_id, seq)
+        self.store = store
         self.session_id = session_id
         self.seq = seq
         self.content_hash = content_hash
@@ -141,6 +146,8 @@ class StoreChunk:
                 if head.content_hash != self.content_hash:
                     raise JobRefused(ChunkConflict(self.session_id, self.seq))
                 return StoredChunk(head.receipt_id, True)
+        if not self.store:
+            return StoredChunk(None, False)
         receipt = f"rply_{ctx.storage.node_id}{os.urandom(6).hex()}"
         record = ReplayRecord(
             ctx.now_ms,

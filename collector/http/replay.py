@@ -61,9 +61,9 @@ async def _replay(
     raw = await read_capped_body(request, receive)
     body = decompress_body(raw, hdr.get("content-encoding"), hdr.get("content-type"))
     chunk = await run_pure(len(body), prepare_replay, body)
+    # A session is not recorded without its consent: such a chunk is acknowledged and
+    # not stored, unless the same chunk was stored already (a duplicate, or a 409).
     dropped = chunk.consent_drop_reason(site.strictConsent)
-    if dropped is not None:  # a session is not recorded without its consent: acknowledged, not stored
-        return 202, _answer(services, chunk.session_id, chunk.seq, duplicate=False, receipt_id=None, dropped=dropped)
     job = StoreChunk(
         client_id=record.clientId,
         site_id=site.siteId,
@@ -73,6 +73,7 @@ async def _replay(
         visitor_id=chunk.visitor_id,
         client_timestamp=chunk.client_timestamp,
         events=chunk.events,
+        store=dropped is None,
     )
     try:
         stored: StoredChunk = await services.writer.submit(job)
@@ -86,7 +87,10 @@ async def _replay(
                 seq=chunk.seq,
             ) from None
         raise
-    return 202, _answer(services, chunk.session_id, chunk.seq, duplicate=stored.duplicate, receipt_id=stored.receipt_id)
+    return 202, _answer(
+        services, chunk.session_id, chunk.seq, duplicate=stored.duplicate, receipt_id=stored.receipt_id,
+        dropped=dropped if stored.receipt_id is None else None,
+    )
 
 
 def _answer(

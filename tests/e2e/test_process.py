@@ -598,12 +598,12 @@ def test_a_serve_refused_its_port_leaves_no_data_directory_behind(tmp_path: Path
     existing = tmp_path / "existing"
     existing.mkdir()
     try:
-        for data_dir in (tmp_path / "new", existing):
+        for data_dir in (tmp_path / "new", tmp_path / "deep" / "er" / "new", existing):
             result = run_cli("serve", "--bind", bind, data_dir=data_dir, check=False)
             assert result.returncode == 2 and "cannot listen" in result.stderr, result.stderr
     finally:
         busy.close()
-    assert not (tmp_path / "new").exists()
+    assert not (tmp_path / "new").exists() and not (tmp_path / "deep").exists()  # (all it made, helper-71)
     assert list(existing.iterdir()) == []  # the operator's own directory stays
 
 

@@ -385,6 +385,12 @@ async def test_a_strict_consent_property_records_no_session_without_analytics_co
     assert answers[1]["dropped"] == "consent_denied" and answers[1]["accepted"] == 0
     assert answers[2]["accepted"] == 1 and "dropped" not in answers[2]
     assert [c["seq"] for c in await replay_dump(server, "--session", "strict-s", "--client", "strict")] == [2]
+    # A stored chunk resent without consent is still its duplicate, and other content a 409:
+    # it answered "dropped, not stored" for a chunk that was stored (helper-71).
+    resent = await send(server, chunk(2, session="strict-s"), key=STRICT, headers=origin)
+    assert resent.json() | {"timestamp": 0} == answers[2] | {"accepted": 0, "duplicate": True, "timestamp": 0}
+    other = chunk(2, session="strict-s", events=[{"type": 3, "data": {}}])
+    refused_with(await send(server, other, key=STRICT, headers=origin), 409, "idempotency_conflict")
     # A property without strict consent records the chunk whatever it says, as events.
     assert (await send(server, chunk(9, consent={"analytics": False}))).json()["accepted"] == 1
     bad = await send(server, chunk(10, consent={"analytics": "yes"}))
