@@ -158,14 +158,15 @@ async def _ingest(
             body, page_url, content_identity, legacy_identity, sent_ip = edge_to_event(
                 body, user_agent=hdr.get("user-agent"), now_ms=now_ms, website_key=key_type == KeyType.BROWSER
             )
-            # An edge worker's connection and headers are its own, not its visitors':
-            # the address it sends stands for the visitor's, and without Origin or
-            # Referer (a browser sends one) its headers are not evidence. A client
-            # that sends no clientIp is judged by its own address, as on /v1/events.
-            if sent_ip is not None:
+            # An edge worker the operator trusts (its address in trusted_proxies, as
+            # for a load balancer's X-Forwarded-For) relays its visitors: its own
+            # address and, without Origin or Referer (a browser sends one), its
+            # headers are not theirs, and the clientIp it sends stands for theirs.
+            # Anyone else could claim any address, and is judged as on /v1/events.
+            if visitor_ip is not None and services.proxies.trusted(visitor_ip):
                 visitor_ip = sent_ip
-            if not (hdr.get("origin") or hdr.get("referer")):
-                evidence_headers = {}
+                if not (hdr.get("origin") or hdr.get("referer")):
+                    evidence_headers = {}
             if site is None:
                 site = bind_page_site(record, page_url)
         else:

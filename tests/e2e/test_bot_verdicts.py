@@ -116,12 +116,12 @@ async def test_an_edge_pageview_is_judged_by_its_visitor_not_by_the_edge_worker(
 ) -> None:
     # The edge worker's connection (here from a listed hosting range) and its own
     # headers said "datacenter" and "automation" of every human pageview it relayed
-    # (helper-68). The visitor's address counts when the edge sends it; a client
-    # that sends none is judged by its own, and a browser (Origin) by its headers
-    # too, as on /v1/events (helper-71).
+    # (helper-68). A worker the operator trusts (trusted_proxies: here it connects
+    # from 127.0.0.1 itself) vouches for its visitor's clientIp; anyone else is
+    # judged as on /v1/events, whatever clientIp it claims (helpers 71 and 72).
     server = await started(nursery, tmp_path)
-    worker = {"X-API-Key": WEB, "X-Forwarded-For": "203.0.113.5", "User-Agent": FIREFOX,
-              "Sec-CH-UA": '"Chromium";v="131"'}
+    worker = {"X-API-Key": WEB, "User-Agent": FIREFOX, "Sec-CH-UA": '"Chromium";v="131"'}
+    stranger = {"X-API-Key": WEB, "X-Forwarded-For": "203.0.113.5"}  # a listed address, not a trusted relay
 
     async def edge(eid: str, headers: dict[str, str] = worker, **fields: str) -> None:
         body = {"_eid": eid, "visitorId": "v", "sessionId": "s", "url": "https://acme.com/", "userAgent": CHROME}
@@ -132,13 +132,16 @@ async def test_an_edge_pageview_is_judged_by_its_visitor_not_by_the_edge_worker(
     await edge("edge-datacenter", clientIp="203.0.113.40")
     await edge("edge-dc-v6", clientIp="2001:db8:dc::40")
     await edge("edge-crawler", clientIp="198.51.100.9", userAgent=GPTBOT)
-    await edge("edge-no-address")  # judged by the connection's: the listed worker's
-    browser = {**worker, "Origin": "https://acme.com", "X-Forwarded-For": "198.51.100.9"}
+    await edge("edge-no-address")  # the relay's own address is not its visitor's
+    await edge("stranger-claims", stranger, clientIp="198.51.100.9")
+    await edge("stranger", stranger)
+    browser = {**worker, "Origin": "https://acme.com"}
     await edge("edge-browser", browser, userAgent=FIREFOX)  # Chromium hints with a Firefox agent
     assert await verdicts(server) == {
         "edge-residential": (False, "human"), "edge-datacenter": (True, "datacenter"),
         "edge-dc-v6": (True, "datacenter"), "edge-crawler": (True, "ai_crawler"),
-        "edge-no-address": (True, "datacenter"), "edge-browser": (True, "automation"),
+        "edge-no-address": (False, "human"), "stranger-claims": (True, "datacenter"),
+        "stranger": (True, "datacenter"), "edge-browser": (True, "automation"),
     }
     rows = await outbox_dump(server.data_dir)
     assert all("clientIp" not in str(row["event"]) and "198.51.100.9" not in str(row["event"]) for row in rows)
