@@ -2,9 +2,10 @@
 
 A request is refused whole when any string anywhere in it holds a card
 number, or an object key names a card-number, CVV or expiry field with a
-non-empty value. A card number is 12-19 digits, optionally grouped by single
-spaces or dashes, not part of a longer alphanumeric token, that passes Luhn
-AND starts with an issuer prefix (IIN) valid for that length. The IIN check
+non-empty value. A card number is 14-19 digits, optionally grouped by single
+spaces or dashes, not part of a longer alphanumeric token (where in a run of
+digit groups it may start: see _has_card), that passes Luhn AND starts with an
+issuer prefix (IIN) valid for that length. The IIN check
 is what keeps millisecond timestamps (they start with 17), phone numbers and
 order ids from matching: Luhn alone passes one random number in ten.
 
@@ -35,7 +36,9 @@ from typing import Any
 
 # (prefix low, prefix high, lengths): prefixes compared on the leading digits.
 _IIN_TABLE: tuple[tuple[int, int, frozenset[int]], ...] = (
-    (4, 4, frozenset({13, 16, 19})),  # Visa
+    # 13 digits are left out (old Visa and Maestro numbers): EAN-13 barcodes, in
+    # product URLs and labels, passed Luhn and a prefix one time in ten.
+    (4, 4, frozenset({16, 19})),  # Visa
     (51, 55, frozenset({16})),  # Mastercard
     (2221, 2720, frozenset({16})),  # Mastercard 2-series
     (34, 34, frozenset({15})),  # Amex
@@ -50,8 +53,8 @@ _IIN_TABLE: tuple[tuple[int, int, frozenset[int]], ...] = (
     (62, 62, frozenset(range(16, 20))),  # UnionPay
     # Maestro also issued 12-digit numbers, but a 12-digit number is far more often an
     # order or an id: refusing a request on one is not worth the rare old card.
-    (50, 50, frozenset(range(13, 20))),  # Maestro
-    (56, 69, frozenset(range(13, 20))),  # Maestro
+    (50, 50, frozenset(range(14, 20))),  # Maestro
+    (56, 69, frozenset(range(14, 20))),  # Maestro
 )
 
 # Separators people and forms put inside a card number: a space, a dash, a
@@ -265,20 +268,34 @@ def _has_card(text: str, *, unsure: str) -> bool:
             groups = groups[:-1]
         for start in range(len(groups)):
             if start == 0:
-                cards = groups if before is not True else []
-            elif start == 1 and before is None:  # unsure whether the first group is glued
+                cards = groups if before is not True and not _international_phone(text, match.start()) else []
+            elif start == 1 and (before is None or (before and not _iban_check_digits(text, match.start(), groups[0]))):
+                # After a glued group ("rv:133.0 4111 1111 ...", "SKU A7 5555-5555-..."),
+                # or one that may be: the rest, grouped as cards are; not after an IBAN's
+                # country and check digits ("DE51 5001 0517 1703 7296 84").
                 cards = groups[1:]
             elif len(groups[start]) in (15, 16):
                 # A card in one piece after other digits ("Firefox/133 4111111111111111",
                 # "year 2026 4111..."): the lengths nearly every card has. Shorter groups
-                # there are barcodes (EAN-13 after a size) and ids, and digits grouped
-                # after other groups are IBANs ("DE51 5001 0517 ...") and references.
+                # there are barcodes and ids, and digits grouped after other groups are
+                # IBANs ("DE 91 5906 6627 ...") and references.
                 cards = groups[start : start + 1]
             else:
                 continue
             if cards and _groups_hold_card(cards):
                 return True
     return False
+
+
+def _international_phone(text: str, start: int) -> bool:
+    """A run written after a lone "+" (E.164: "+6281234567890"); a "+" after a letter or
+    digit is a URL-encoded space ("card+4111+1111...")."""
+    return start > 0 and text[start - 1] == "+" and (start == 1 or not text[start - 2].isalnum())
+
+
+def _iban_check_digits(text: str, start: int, first: str) -> bool:
+    """The run's glued first group is an IBAN's check digits after its country code."""
+    return len(first) == 2 and start >= 2 and text[start - 2 : start].isalpha() and text[start - 2 : start].isupper()
 
 
 def _glued_before(text: str, start: int, unsure: str) -> bool | None:

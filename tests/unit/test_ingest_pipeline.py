@@ -290,7 +290,10 @@ def test_consent_transition_never_carries_page_content() -> None:
      "6011111111111117",
      # in one piece after other digits
      "Mozilla/5.0 Firefox/133 4111111111111111", "year 2026 4111111111111111", "PIN 1234 4111111111111111",
-     "5.0 4111111111111111"],
+     "5.0 4111111111111111",
+     # grouped after a glued group (they passed with the one-piece rule alone, helper-72)
+     "Safari/537.36 4111 1111 1111 1111", "rv:133.0 4111 1111 1111 1111", "SKU A7 5555-5555-5555-4444",
+     "?note=card+4111+1111+1111+1111"],
 )
 def test_cards_are_found(text: str) -> None:
     refused(event(type="custom", name="x", label=text), "prohibited_payment_data")
@@ -312,7 +315,9 @@ def test_card_fields_anywhere() -> None:
      "DE89 3704 0044 0532 0130 00", "GB29 NWBK 6016 1331 9268 19", "Sizes 36 38 40 42 44",
      "1795000000000 1795000000001", "Bitte an IBAN DE51 5001 0517 1703 7296 84",
      "IBAN DE 91 5906 6627 6831 4503 45", "Size 42 4292180442336", "ref 20 6314 3426 3151 4415",
-     "v8 build 462 6841306637050"],
+     "v8 build 462 6841306637050",
+     # EAN-13 barcodes (13 digits no longer count), E.164 phone numbers (helper-72)
+     "https://acme.com/p/4043909718948", "call +62812944117715", "tel:+62812944117715"],
 )
 def test_not_payment_data(text: str) -> None:
     assert run(event(type="custom", name="x", label=text)).accepted
