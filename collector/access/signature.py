@@ -21,11 +21,16 @@ WWW_AUTHENTICATE = 'Service-HMAC realm="events", version=v1'
 def signed_input(
     timestamp: str, idempotency_key: str | bytes | None, body: bytes, path: str = "/v1/events"
 ) -> bytes:
-    """Spec 5.2's signed bytes. A key given as bytes is the header as sent (not UTF-8 text)."""
+    """Spec 5.2's signed bytes. A key given as bytes is the header as sent (not UTF-8 text).
+
+    "Trimmed" as HTTP trims a field value: spaces and tabs (OWS). Other Unicode
+    spaces (a no-break space, U+3000) are part of the key, which SDKs in other
+    languages would otherwise trim differently (helper-73).
+    """
     if isinstance(idempotency_key, bytes):
-        key = idempotency_key.strip()
+        key = idempotency_key.strip(b" \t")
     else:
-        key = (idempotency_key or "").strip().encode()
+        key = (idempotency_key or "").strip(" \t").encode()
     return b"\n".join((b"v1", timestamp.encode(), b"POST", path.encode(), key, body))
 
 

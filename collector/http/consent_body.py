@@ -113,6 +113,6 @@ def consent_to_event(
         event["_eid"] = request.eid
     elif request.timestamp is not None:
         event["_eid"] = _generated_id(request.visitorId, timestamp, site_id, _content_tag(identity))
-    elif not (idempotency_key and idempotency_key.strip()):
+    elif not (idempotency_key and idempotency_key.strip(" \t")):
         event["_eid"] = _generated_id(request.visitorId, timestamp, site_id, os.urandom(8).hex())
     return _encoder.encode(event), identity, legacy_identity

@@ -333,7 +333,8 @@ def _too_large(index: int, size: str) -> ServiceError:
 
 def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
     """Validate a request body; raises ServiceError for request-level refusals."""
-    header_key = ctx.idempotency_key.strip() if ctx.idempotency_key is not None else None
+    # (Trimmed of spaces and tabs only, as the signature trims it: see access.signature.)
+    header_key = ctx.idempotency_key.strip(" \t") if ctx.idempotency_key is not None else None
     if header_key is not None and len(header_key) > MAX_IDEMPOTENCY_KEY:
         raise ServiceError(
             "invalid_idempotency_key", f"Idempotency-Key is over {MAX_IDEMPOTENCY_KEY} characters"

@@ -38,6 +38,11 @@ def test_signature_is_byte_exact() -> None:
     assert sign("cs_srv_live_k", "1700000000", "  idem-1 ", body) == "v1=" + expected
     unkeyed = hmac.new(b"k", b"v1\n1\nPOST\n/v1/events\n\n", hashlib.sha256).hexdigest()
     assert sign("k", "1", None, b"") == "v1=" + unkeyed
+    # Trimmed as HTTP trims a header (spaces, tabs); a no-break space or U+3000 is part of
+    # the key: str.strip() took them off, which an SDK's trim may not (helper-73).
+    for key in ("\u00a0idem-1\u00a0", "\u3000idem-1", "idem-1\u0085"):
+        signed = b"v1\n1\nPOST\n/v1/events\n" + key.encode() + b"\n"
+        assert sign("k", "1", f" \t{key}\t ", b"") == "v1=" + hmac.new(b"k", signed, hashlib.sha256).hexdigest()
 
 
 def test_signature_errors() -> None:

@@ -180,6 +180,12 @@ def test_content_hash_ignores_layout_and_server_override() -> None:
     assert a == b and a != c and len(a) == 16
 
 
+def test_an_idempotency_key_is_trimmed_of_spaces_and_tabs_only() -> None:
+    result = prepare_batch(json.dumps({k: v for k, v in event().items() if k != "_eid"}).encode(),
+                           ctx(idempotency_key=" \t\u00a0k-1\u3000\t "))
+    assert result.accepted[0].eid == "\u00a0k-1\u3000/0"
+
+
 def test_idempotency_rules() -> None:
     bare = event()
     del bare["_eid"]
