@@ -214,28 +214,42 @@ def _now_iso() -> str:
 
 
 def _load(storage: Storage, key: str) -> KeyRecord:
-    raw = key_store.get_key(storage, key)
+    raw = key_store.get_key(storage, key) if key else None  # (LMDB refuses an empty key)
+    return _decoded(key, raw)
+
+
+def _decoded(key: str, raw: bytes | None) -> KeyRecord:
     if raw is None:
         raise KeyAdminError(f"unknown key {key[:12]}...")
     return decode_record(raw)
 
 
 def rotate_key(storage: Storage, key: str) -> str:
-    """Mint the replacement of a mobile or server key, register it, revoke the old one."""
-    record = _load(storage, key)
-    if record.revokedAt:
-        raise KeyAdminError("the key is already revoked")
-    prefix = _PREFIX.get(record.key_type)
-    if prefix is None:
-        raise KeyAdminError(
-            "the account-wide website key is rotated with support: import the new key,"
-            " let cached pages drain, then revoke the old one with `collector keys revoke`"
-        )
-    new_key = prefix + secrets.token_hex(16)
-    now = _now_iso()
-    replacement = msgspec.structs.replace(record, key=new_key, createdAt=now)
-    revoked = msgspec.structs.replace(record, revokedAt=now, replacedBy=new_key)
-    key_store.put_keys(storage, [(new_key, encode_record(replacement)), (key, encode_record(revoked))])
+    """Mint the replacement of a mobile or server key, register it, revoke the old one.
+
+    Read and written in one transaction: a rotation racing another, or an import
+    suspending the account, could otherwise be overwritten (helper-73).
+    """
+    new_key = ""
+
+    def rotate(raw: bytes | None) -> list[tuple[str, bytes]]:
+        nonlocal new_key
+        record = _decoded(key, raw)
+        if record.revokedAt:
+            raise KeyAdminError("the key is already revoked")
+        prefix = _PREFIX.get(record.key_type)
+        if prefix is None:
+            raise KeyAdminError(
+                "the account-wide website key is rotated with support: import the new key,"
+                " let cached pages drain, then revoke the old one with `collector keys revoke`"
+            )
+        new_key = prefix + secrets.token_hex(16)
+        now = _now_iso()
+        replacement = msgspec.structs.replace(record, key=new_key, createdAt=now)
+        revoked = msgspec.structs.replace(record, revokedAt=now, replacedBy=new_key)
+        return [(new_key, encode_record(replacement)), (key, encode_record(revoked))]
+
+    key_store.change_key(storage, key, rotate)
     return new_key
 
 
@@ -255,8 +269,10 @@ def mint_stream_token(storage: Storage, key: str, *, ttl_s: int) -> str:
 
 
 def revoke_key(storage: Storage, key: str) -> None:
-    record = _load(storage, key)
-    if record.revokedAt:
-        return
-    revoked = msgspec.structs.replace(record, revokedAt=_now_iso())
-    key_store.put_keys(storage, [(key, encode_record(revoked))])
+    def revoke(raw: bytes | None) -> list[tuple[str, bytes]]:
+        record = _decoded(key, raw)
+        if record.revokedAt:
+            return []
+        return [(key, encode_record(msgspec.structs.replace(record, revokedAt=_now_iso())))]
+
+    key_store.change_key(storage, key, revoke)

@@ -29,6 +29,21 @@ def put_keys(storage: Storage, records: Iterable[tuple[str, bytes]]) -> None:
     _in_write_transaction(storage, lambda txn: _put(storage, txn, rows))
 
 
+def change_key(storage: Storage, key: str, change: Callable[[bytes | None], list[tuple[str, bytes]]]) -> None:
+    """One durable transaction: `change` sees the key's stored record (None when
+    absent) and returns the rows to write; it may raise to write nothing.
+
+    A read and a write in two transactions let a concurrent import (a
+    suspension) or a second change of the same key be overwritten.
+    """
+
+    def body(txn: lmdb.Transaction) -> None:
+        raw = txn.get(key.encode(), db=storage.dbs.keys) if key else None  # (LMDB refuses an empty key)
+        _put(storage, txn, change(bytes(raw) if raw is not None else None))
+
+    _in_write_transaction(storage, body)
+
+
 BILLING_MOVED = b"billing_moved\x00"  # meta: + clientId -> the latest period (YYYY-MM) its billing account changed
 
 

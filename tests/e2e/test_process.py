@@ -545,6 +545,10 @@ def test_bad_operator_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
          "not a collector's"),
         (["tenants", "list", "--data-dir", str(with_meta)], "not a collector's"),
         (["check", "--data-dir", str(empty)], "no collector data"),
+        # an empty key was an LMDB error, exit 1 (helper-73)
+        (["keys", "revoke", "", "--data-dir", str(served)], "unknown key"),
+        (["keys", "rotate", "", "--data-dir", str(served)], "unknown key"),
+        (["stream-token", "mint", "--key", "", "--data-dir", str(served)], "unknown key"),
         (["keys", "rotate-field-key", "--data-dir", str(tmp_path / "typo")], "no data directory"),
         # reveal made the directory and a fresh field key before it looked (audit helper-32)
         (["reveal", "rcpt_x", "--reason", "a long enough reason", "--data-dir", str(tmp_path / "typo")],

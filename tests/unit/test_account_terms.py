@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from collector.access.hostnames import domain_problem, normalize_domain
 from collector.limits.usage import policy_for
@@ -184,5 +189,36 @@ def test_live_demo_keys_are_found_until_revoked(tmp_path: Path) -> None:
         assert live_keys_among(storage, DEMO_KEYS) == list(DEMO_KEYS)
         revoke_key(storage, DEMO_KEYS[0])
         assert live_keys_among(storage, DEMO_KEYS) == list(DEMO_KEYS[1:])
+    finally:
+        storage.close()
+
+
+def test_a_rotation_racing_an_import_cannot_undo_its_suspension(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The rotation read the key, then wrote the replacement and the revoked key from
+    # that read in a second transaction: an import suspending the account in between
+    # was overwritten, and the replacement served unsuspended (helper-73).
+    storage = Storage(tmp_path / "data")
+    suspending = tmp_path / "suspend.json"
+    suspending.write_text(json.dumps({"keys": [{**SERVER, "suspended": True}]}))
+    racing: list[subprocess.Popen[bytes]] = []
+
+    class SlowSecrets:
+        @staticmethod
+        def token_hex(n: int) -> str:  # the moment between the read and the write
+            racing.append(subprocess.Popen(
+                [sys.executable, "-m", "collector", "tenants", "import", str(suspending),
+                 "--data-dir", str(tmp_path / "data")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            time.sleep(3)  # time enough for the import to commit, had it not to wait for the rotation
+            return "f" * (2 * n)
+
+    try:
+        _import(storage, SERVER)
+        monkeypatch.setattr("collector.tenants_admin.secrets", SlowSecrets)
+        replacement = rotate_key(storage, SERVER["key"])  # type: ignore[arg-type]
+        assert racing[0].wait(timeout=60) == 0
+        records = {r.key: r for r in list_records(storage)}
+        assert records[replacement].is_suspended and records[SERVER["key"]].revokedAt  # type: ignore[index]
     finally:
         storage.close()
