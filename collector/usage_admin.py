@@ -129,11 +129,20 @@ UNITS = (PAGEVIEW_UNIT, COVERAGE_UNIT)  # the counters `usage show` reads (not t
 def _rows_left_out(
     damaged: list[counters.DamagedCounter], account: str | None, on_damaged: Unreadable | None
 ) -> set[tuple[str, str]]:
-    """(account, unit) of the rows `damaged` leaves unknown; each damaged counter they read is reported."""
+    """(account, unit) of the rows `damaged` leaves unknown; each damaged counter of the
+    listed accounts is reported."""
     left_out: set[tuple[str, str]] = set()
+    overage = {unit + counters.OVERAGE_SUFFIX for unit in UNITS}
     for row in damaged:
-        if (account and row.account not in (None, account)) or row.kind not in (None, *UNITS):
-            continue  # not a counter this listing reads
+        if account and row.account not in (None, account):
+            continue  # not an account this listing shows
+        if row.kind in overage:
+            # Not read here (the row is right), but the service refuses the account's
+            # overage until it is repaired: the operator must hear of it (helper-72).
+            _report(on_damaged, row, "the account's overage past its allowance is refused until it is repaired")
+            continue
+        if row.kind not in (None, *UNITS):
+            continue  # not a usage counter
         if row.account is not None:
             units = UNITS if row.kind is None else (row.kind,)
             left_out |= {(row.account, unit) for unit in units}

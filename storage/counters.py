@@ -175,7 +175,11 @@ class Spend(msgspec.Struct, frozen=True):
 
     used: int  # the counter after the job (unchanged when not spent)
     spent: bool
-    readable: bool = True  # False: the stored value is not a counter; nothing was written
+    unreadable: bytes | None = None  # the counter whose stored value is not one; nothing was written
+
+    @property
+    def readable(self) -> bool:
+        return self.unreadable is None
 
 
 class SpendUnits:
@@ -201,14 +205,14 @@ class SpendUnits:
     def run(self, ctx: WriteContext) -> Spend:
         raw = ctx.txn.get(self.key, db=ctx.dbs.counters)
         if not is_counter(raw):
-            return Spend(0, False, readable=False)
+            return Spend(0, False, unreadable=self.key)
         used = decode_value(raw)
         if not self.allow(used, self.units):
             return Spend(used, False)
         if self.overage is not None:
             key, included, period = self.overage
             if served_overage(included, used, self.units) and not is_counter(ctx.txn.get(key, db=ctx.dbs.counters)):
-                return Spend(used, False, readable=False)  # overage it could not count would go unbilled
+                return Spend(used, False, unreadable=key)  # overage it could not count would go unbilled
             add_overage(ctx.txn, ctx.dbs, key, included=included, used=used, added=self.units, period=period)
         ctx.txn.put(self.key, encode_value(used + self.units), db=ctx.dbs.counters)
         return Spend(used + self.units, True)

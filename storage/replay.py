@@ -141,7 +141,8 @@ class StoreChunk:
             except UNREADABLE_RECORD as exc:
                 # Damaged on disk: stored afresh (a 503 would come back on every retry
                 # of this chunk); `collector check` lists such records.
-                log.error("replay chunk %s/%d did not decode (%s); storing it afresh", self.session_id, self.seq, exc)
+                if self.store:
+                    log.error("replay chunk %s/%d did not decode (%s); storing it afresh", self.session_id, self.seq, exc)
             else:
                 if head.content_hash != self.content_hash:
                     raise JobRefused(ChunkConflict(self.session_id, self.seq))

@@ -24,6 +24,7 @@ from collector.http.write_route import (
 from collector.ingest import decompress_body
 from collector.ingest.replay import prepare_replay
 from collector.services import Services
+from storage.errors import StorageError, WriterBusy
 from storage.replay import ChunkConflict, StoreChunk, StoredChunk
 from storage.writer import JobRefused
 
@@ -77,6 +78,11 @@ async def _replay(
     )
     try:
         stored: StoredChunk = await services.writer.submit(job)
+    except (WriterBusy, StorageError):
+        if dropped is None:
+            raise  # (503: retry the chunk)
+        # Never to be stored: a 503 would have the recorder retry it for nothing.
+        stored = StoredChunk(None, False)
     except JobRefused as refused:
         if isinstance(refused.reason, ChunkConflict):
             raise ServiceError(

@@ -161,7 +161,8 @@ async def _spend_coverage(
     except (WriterBusy, StorageError) as exc:
         _metering_unavailable("coverage metering unavailable, answering degraded: %s", exc, cause=str(exc))
         return CoverageMode.DEGRADED, None
-    if not spend.readable:
-        _metering_unavailable("coverage counter %r is unreadable, answering degraded", key, cause=repr(key))
+    if spend.unreadable is not None:
+        name = spend.unreadable.decode(errors="backslashreplace").replace("\x00", "/")
+        _metering_unavailable("usage counter %s is unreadable, answering degraded", name, cause=name)
         return CoverageMode.DEGRADED, None
     return (CoverageMode.FULL if spend.spent else CoverageMode.DEGRADED), spend.used

@@ -395,3 +395,17 @@ async def test_a_strict_consent_property_records_no_session_without_analytics_co
     assert (await send(server, chunk(9, consent={"analytics": False}))).json()["accepted"] == 1
     bad = await send(server, chunk(10, consent={"analytics": "yes"}))
     assert refused_with(bad, 400, "validation_error")["details"][0]["path"] == "$.consent.analytics"
+
+
+async def test_a_chunk_consent_keeps_out_is_not_sent_back_for_a_retry_by_storage_trouble(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # It went through the writer to look for a stored twin, and storage trouble
+    # answered 503 "retry the chunk" for a chunk that would never be stored (helper-72).
+    server = await serve(nursery, tmp_path)
+    origin = {"Origin": "https://strict.example"}
+    (server.data_dir / "data.mdb").unlink()
+    kept_out = await send(server, chunk(0, session="gone"), key=STRICT, headers=origin)
+    assert (kept_out.status_code, kept_out.json()["dropped"]) == (202, "consent_missing"), kept_out.text
+    consented = await send(server, chunk(1, session="gone", consent={"analytics": True}), key=STRICT, headers=origin)
+    refused_with(consented, 503, "storage_unavailable")

@@ -555,10 +555,11 @@ async def test_paid_overage_reads_full_up_to_the_ceiling(nursery: trio.Nursery, 
 
 
 async def test_a_read_that_would_serve_overage_it_cannot_count_is_degraded(
-    nursery: trio.Nursery, tmp_path: Path
+    nursery: trio.Nursery, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A damaged overage counter was left as it was and the overage served
     # went unbilled; within the allowance it is not read at all.
+    caplog.set_level(logging.WARNING, logger="collector.signals")
     server = await started(nursery, tmp_path)
     origin = {"Origin": "https://over.com"}
     period = time.strftime("%Y-%m", time.gmtime())
@@ -566,6 +567,9 @@ async def test_a_read_that_would_serve_overage_it_cannot_count_is_degraded(
     reads = [await read(server, "v-over", key=OVERAGE, **origin) for _ in range(2)]
     assert [r.json()["coverageMode"] for r in reads] == ["full", "degraded"]
     assert used(reads[0]) == 1 and "X-Service-Signals-Coverage-Used" not in reads[1].headers
+    # The log names the damaged counter, not the healthy usage counter (helper-72).
+    assert [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()] == [
+        f"usage counter over/{period}/coverage_overage is unreadable, answering degraded"]
 
 
 async def busy_reads(nursery: trio.Nursery, tmp_path: Path) -> tuple[RunningServer, list[httpx.Response]]:

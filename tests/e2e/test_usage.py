@@ -436,7 +436,10 @@ async def test_an_unreadable_counter_is_named_and_never_billed_as_zero(nursery: 
     assert (status, err) == (1, [named("pageview_overage", "account 'paidco' is left out of the invoice")])
     assert [row.get("account") for row in out] == ["otherco"] * 3 + [None]  # nothing of paidco, not even $0
     assert out[-1] == {"period": period, "total_usd": 50}
-    assert cli("usage", "show", "--account", "paidco")[0] == 0  # show reads no overage counter
+    # show reads no overage counter, but names it: the service refuses the account's overage (helper-72)
+    status, out, err = cli("usage", "show", "--account", "paidco")
+    assert (status, [row["unit"] for row in out]) == (1, ["pageview", "coverage"])
+    assert err == [named("pageview_overage", "the account's overage past its allowance is refused until it is repaired")]
     # Serving more overage it cannot count would never be billed: refused as metering trouble.
     refused = await send(server, PAID, [pageview("d-overage")])
     assert (refused.status_code, refused.json()["error"]) == (503, "usage_metering_unavailable"), refused.text
@@ -445,10 +448,11 @@ async def test_an_unreadable_counter_is_named_and_never_billed_as_zero(nursery: 
     damage("pageview")
     assert (await send(server, PAID, [pageview("d-more")])).status_code == 503
     status, out, err = cli("usage", "show", "--account", "paidco")
-    assert (status, err) == (1, [named("pageview", "its row of account 'paidco' is left out")])
+    assert (status, err) == (1, [named("pageview", "its row of account 'paidco' is left out"), named(
+        "pageview_overage", "the account's overage past its allowance is refused until it is repaired")])
     assert [(row["unit"], row["used"]) for row in out] == [("coverage", 0)]
     status, out, err = cli("usage", "show")  # another account's damage is no reason to leave freeco out
-    assert status == 1 and len(err) == 1 and {row["account"] for row in out} == {"freeco", "otherco", "paidco"}
+    assert status == 1 and len(err) == 2 and {row["account"] for row in out} == {"freeco", "otherco", "paidco"}
     status, out, err = cli("usage", "invoice", "--period", period)
     assert status == 1 and len(err) == 2 and out[-1] == {"period": period, "total_usd": 50}
     assert cli("usage", "show", "--period", "2001-01")[0] == 0  # another period's counters are not read
