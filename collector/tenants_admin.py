@@ -195,7 +195,26 @@ def imported_term_notes(storage: Storage, imported: list[KeyRecord]) -> list[str
     live = [r for r in list_records(storage, on_unreadable=lambda key, error: None)  # check lists them
             if r.billing_account in touched and not r.revokedAt]
     notes = (note for record in sorted(live, key=lambda r: r.billing_account) for note in term_notes(record))
-    return list(dict.fromkeys(notes))  # (every key of an account has its terms: once each)
+    return [*_type_notes(imported), *dict.fromkeys(notes)]  # (every key of an account has its terms: once each)
+
+
+def _type_notes(imported: list[KeyRecord]) -> list[str]:
+    """A key named as this collector names mobile and server keys, imported as another type.
+
+    A `keyType` left out makes a website key (spec 2.1), accepted in `?key=`
+    without a signature: for a secret server key that is an easy mistake to miss.
+    """
+    notes = []
+    for record in imported:
+        for key_type, prefix in _PREFIX.items():
+            named = prefix.removesuffix("live_")  # cs_srv_ / cs_mob_ (live or test)
+            if record.key.startswith(named) and record.key_type is not key_type:
+                notes.append(
+                    f"key {record.key[:16]}... is named like a {key_type.value} key but imported as a"
+                    f" {record.key_type.value} key (keyType {record.keyType.value if record.keyType else 'absent'}):"
+                    f' set "keyType": "{key_type.value}" if it is one'
+                )
+    return notes
 
 
 def live_keys_among(storage: Storage, keys: Iterable[str]) -> list[str]:

@@ -592,6 +592,20 @@ def test_bad_operator_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert not (tmp_path / "keyless").exists()
 
 
+def test_import_notes_a_server_named_key_imported_as_a_website_key(tmp_path: Path) -> None:
+    # keyType left out makes a website key, accepted in ?key= without a signature:
+    # a secret cs_srv_ key imported so was silent (helper-73).
+    site = {"clientId": "acme", "sites": [{"siteId": "api"}]}
+    tenants = tmp_path / "tenants.json"
+    tenants.write_text(json.dumps({"keys": [{"key": "cs_srv_live_typeless01", **site},
+                                            {"key": "cs_srv_live_typed00001", "keyType": "server", **site},
+                                            {"key": "cs_live_website000001", **site}]}))
+    result = run_cli("tenants", "import", str(tenants), data_dir=tmp_path / "data")
+    assert result.stderr.splitlines() == [
+        "collector: note: key cs_srv_live_type... is named like a server key but imported as a browser key"
+        ' (keyType absent): set "keyType": "server" if it is one']
+
+
 def test_a_serve_refused_its_port_leaves_no_data_directory_behind(tmp_path: Path) -> None:
     # It made the directory and an empty data.mdb (its lock) before it found the
     # port taken, and left both (stop 21's "left alone").
