@@ -144,7 +144,20 @@ _ORDINARY = frozenset({
 _TYPE_CLASS: dict[str, str] = {"password": "secret", "new-password": "secret",
                                "current-password": "secret", "one-time-code": "secret"}
 _CHECKOUT_WORDS = frozenset({"checkout", "payment", "payments", "purchase", "creditcard"})
-_FORM_WORDS = frozenset({"", "form", "page", "step", "details", "info", "section", "modal"})
+_FORM_WORDS = frozenset({"", "form", "page", "step", "details", "info", "section", "modal", "method", "methods",
+                         "options", "container", "wrapper", "panel"})
+# Words that make a "card number", "security code" or "name on" field another kind
+# than a payment card's: such a field is withheld, but does not make its form a
+# checkout (a loyalty sign-up or a patient intake form is not dropped whole).
+_NOT_PAYMENT_CARD = frozenset({
+    "loyalty", "gift", "library", "member", "membership", "sim", "id", "identity", "green", "insurance",
+    "health", "student", "reward", "rewards", "club", "business", "access", "badge", "captcha", "employee",
+    "voter", "driver", "drivers", "medicare", "medicaid", "transit", "metro", "discount", "bonus", "points",
+    "store", "customer", "certificate", "national", "residence", "resident", "social", "benefit", "benefits",
+    "transport", "travel", "parking", "fidelity", "patient", "staff", "visitor", "guest", "key", "door",
+})  # fmt: skip
+# A selector's compound selectors, between combinators (" ", ">", "+", "~").
+_COMBINATORS = re.compile(r"\s*[>+~]\s*|\s+")
 # A US SSN or ITIN (ITINs are the 9xx area): ddd-dd-dddd with no all-zero group.
 _SSN = re.compile(r"^(?!000|666)\d{3}-(?!00)\d{2}-(?!0000)\d{4}$")
 _IBAN = re.compile(r"^[A-Z]{2}\d{2}[A-Z0-9]{11,30}$")
@@ -229,26 +242,56 @@ def _declared_types(raw_fields: str | None) -> dict[str, str]:
 
 @functools.lru_cache(maxsize=4096)
 def names_checkout(text: str) -> bool:
-    """True when a form id or selector names a checkout or payment form."""
+    """True when a form id names a checkout or payment form."""
     # Cached: a site sends the same few form ids and selectors over and over.
     words = _words(text)
-    # Run together with a form word ("PAYMENTFORM", "checkoutstep"), not any longer word:
-    # "repayment", "checkoutsurvey" and "purchases" are other forms.
-    return bool(_CHECKOUT_WORDS.intersection(words)) or any(
-        word.startswith(checkout) and word[len(checkout) :] in _FORM_WORDS
-        for word in (*words, "".join(words))
+    # A checkout word followed by nothing but form words ("payment-form", "Checkout_Step_2"):
+    # "checkoutSurvey" and "post-checkout-signup" are other forms.
+    if any(
+        word in _CHECKOUT_WORDS and all(after in _FORM_WORDS or after.isdigit() for after in words[i + 1 :])
+        for i, word in enumerate(words)
+    ):
+        return True
+    # Run together with a form word ("PAYMENTFORM", "checkoutstep"), or the whole name
+    # run together ("creditCard"), not any longer word: "repayment", "checkoutsurvey"
+    # and "purchases" are other forms.
+    candidates = [(word, False) for word in words] + [("".join(words), True)]
+    return any(
+        word.startswith(checkout) and (rest := word[len(checkout) :]) in _FORM_WORDS and (rest or whole)
+        for word, whole in candidates
         for checkout in _CHECKOUT_WORDS
     )
 
 
+def selector_names_checkout(selector: str) -> bool:
+    """True when a CSS selector's form is a checkout: its own compound selector names one,
+    or, when that is a bare tag ("div#checkout form"), the nearest one before it that names
+    anything. "div.checkout-page > form#newsletter" is a newsletter form."""
+    for compound in reversed([part for part in _COMBINATORS.split(selector.strip()) if part]):
+        if any(mark in compound for mark in "#.["):
+            return names_checkout(compound)
+    return False
+
+
 def is_checkout(form: Form, declared: dict[str, str], name_classes: dict[str, str | None] | None = None) -> bool:
-    if names_checkout(form.formId) or (form.form_selector and names_checkout(form.form_selector)):
+    if names_checkout(form.formId) or (form.form_selector and selector_names_checkout(form.form_selector)):
         return True
     if name_classes is None:
         name_classes = _name_classes(form, declared)
-    if "payment" in name_classes.values():
+    if any(kind == "payment" and _names_payment_card(name) for name, kind in name_classes.items()):
         return True
     return any(classify_field_type(kind) == "payment" for kind in declared.values())
+
+
+def _names_payment_card(name: str) -> bool:
+    """A payment-class field name that is a payment card's, not a loyalty card's
+    number, a captcha's security code or the name on a badge."""
+    words = _words(name)
+    if _NOT_PAYMENT_CARD.intersection(words):
+        return False
+    if "on" in words and "name" in words:  # "name on card", not "name on badge"
+        return "card" in words or "nameoncard" in "".join(words)
+    return True
 
 
 def _name_classes(form: Form, declared: dict[str, str]) -> dict[str, str | None]:

@@ -434,6 +434,33 @@ async def test_privacy_floor_on_realistic_forms(nursery: trio.Nursery, tmp_path:
         assert secret not in dump
 
 
+async def test_a_card_of_another_kind_or_a_checkout_word_elsewhere_drops_no_form(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # Each was dropped whole as a checkout (helper-75): a loyalty card's number, the name
+    # on a badge, an ancestor's class in the selector, a survey after checkout. Their
+    # card-like fields are still withheld; a real checkout is still dropped.
+    server = await started(nursery, tmp_path)
+    forms = [
+        form("loyalty", "signup", {"email": EMAIL, "loyalty_card_number": "LC-2231"}),
+        form("badge", "conference-registration", {"first_name": "Ann", "name_on_badge": "Ann K"}),
+        form("intake", "patient-intake", {"name": "Ann", "insurance_card_number": "XK-1"}),
+        form("survey", "checkoutSurvey", {"rating": "5"}),
+        form("after", "post-checkout-signup", {"email": EMAIL}),
+        form("newsletter", "nl", {"email": EMAIL}, form_selector="div.checkout-page > form#newsletter"),
+        form("pay", "pay", {"email": EMAIL, "name_on_card": "Ann K"}),
+        form("ancestor", "f1", {"email": EMAIL}, form_selector="div#checkout form"),
+    ]
+    response = await server.client.post("/v1/events", json={"events": forms}, headers=ACME)
+    assert response.status_code == 202, response.text
+    dropped = {e["eid"]: e["reason"] for e in response.json()["errors"] if e["error"] == "dropped"}
+    assert dropped == {"pay": "checkout_form", "ancestor": "checkout_form"}
+    stored = await stored_events(server)
+    assert stored["loyalty"]["event"]["privacyWithheld"] == {"loyalty_card_number": "payment"}  # type: ignore[index]
+    assert stored["badge"]["event"]["privacyWithheld"] == {"name_on_badge": "payment"}  # type: ignore[index]
+    assert set(stored) >= {"survey", "after", "newsletter", "intake"}
+
+
 async def test_privacy_floor_reads_run_together_names_and_multi_token_types(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:

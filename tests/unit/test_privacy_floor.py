@@ -217,7 +217,8 @@ def test_without_a_sealer_values_are_withheld_not_stored_plain() -> None:
     ("text", "checkout"),
     [("checkout", True), ("#payment-form", True), ("form.Checkout_Step", True), ("creditCard", True),
      ("newsletter", False), ("", False), ("pay", False), ("purchases", False), ("PAYMENTFORM", True),
-     ("checkoutstep", True), ("repaymentPlan", False), ("prepaymentinfo", False), ("checkoutsurvey", False)],
+     ("checkoutstep", True), ("repaymentPlan", False), ("prepaymentinfo", False), ("checkoutsurvey", False),
+     ("checkoutSurvey", False), ("post-checkout-signup", False), ("payment-method", True), ("checkout_step_2", True)],
 )
 def test_checkout_names(text: str, checkout: bool) -> None:
     assert names_checkout(text) is checkout
