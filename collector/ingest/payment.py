@@ -266,9 +266,11 @@ def _has_card(text: str, *, unsure: str) -> bool:
         before = _glued_before(text, match.start(), unsure)
         if _glued_after(text, match.end(), unsure):
             groups = groups[:-1]
+        if _inside_iban(text, match.start()):
+            continue
         for start in range(len(groups)):
             if start == 0:
-                cards = groups if before is not True and not _international_phone(text, match.start()) else []
+                cards = groups if before is not True and not _international_phone(text, match.start(), groups) else []
             elif start == 1 and (before is None or (before and not _iban_check_digits(text, match.start(), groups[0]))):
                 # After a glued group ("rv:133.0 4111 1111 ...", "SKU A7 5555-5555-..."),
                 # or one that may be: the rest, grouped as cards are; not after an IBAN's
@@ -287,15 +289,28 @@ def _has_card(text: str, *, unsure: str) -> bool:
     return False
 
 
-def _international_phone(text: str, start: int) -> bool:
-    """A run written after a lone "+" (E.164: "+6281234567890"); a "+" after a letter or
-    digit is a URL-encoded space ("card+4111+1111...")."""
-    return start > 0 and text[start - 1] == "+" and (start == 1 or not text[start - 2].isalnum())
+def _international_phone(text: str, start: int, groups: list[str]) -> bool:
+    """A run written after a lone "+" that can be an E.164 number ("+6281234567890": at
+    most 15 digits, not grouped in fours); a "+" after a letter or digit is a
+    URL-encoded space ("card+4111+1111..."), and "+4111 1111 1111 1111" is no phone."""
+    if not (start > 0 and text[start - 1] == "+" and (start == 1 or not text[start - 2].isalnum())):
+        return False
+    return sum(map(len, groups)) <= 15 and not (len(groups) > 2 and all(len(g) == 4 for g in groups[:-1]))
 
 
 def _iban_check_digits(text: str, start: int, first: str) -> bool:
     """The run's glued first group is an IBAN's check digits after its country code."""
-    return len(first) == 2 and start >= 2 and text[start - 2 : start].isalpha() and text[start - 2 : start].isupper()
+    return len(first) == 2 and start >= 2 and text[start - 2 : start].isascii() and text[start - 2 : start].isalpha()
+
+
+# The start of an IBAN written in groups, up to where a run of digits begins inside it:
+# "IT17 K" before "030 6909 ..." (a letter glued to the bank code), "GB15 NWBK " before
+# "6016 1359 4709 00" (the sort code and account: a 14-digit run).
+_IBAN_SO_FAR = re.compile(r"(?<![A-Za-z0-9])[A-Za-z]{2}[0-9]{2}(?: ?[A-Za-z0-9]{4})* ?[A-Za-z]{0,4}\Z")
+
+
+def _inside_iban(text: str, start: int) -> bool:
+    return _IBAN_SO_FAR.search(text, max(0, start - 48), start) is not None
 
 
 def _glued_before(text: str, start: int, unsure: str) -> bool | None:

@@ -299,7 +299,9 @@ def test_consent_transition_never_carries_page_content() -> None:
      "5.0 4111111111111111",
      # grouped after a glued group (they passed with the one-piece rule alone, helper-72)
      "Safari/537.36 4111 1111 1111 1111", "rv:133.0 4111 1111 1111 1111", "SKU A7 5555-5555-5555-4444",
-     "?note=card+4111+1111+1111+1111"],
+     "?note=card+4111+1111+1111+1111",
+     # after a "+" but no phone number: 16 digits, or grouped in fours (helper-74)
+     "cc=+4111+1111+1111+1111", "Card:+4111111111111111", "(+5555 5555 5555 4444)"],
 )
 def test_cards_are_found(text: str) -> None:
     refused(event(type="custom", name="x", label=text), "prohibited_payment_data")
@@ -323,7 +325,9 @@ def test_card_fields_anywhere() -> None:
      "IBAN DE 91 5906 6627 6831 4503 45", "Size 42 4292180442336", "ref 20 6314 3426 3151 4415",
      "v8 build 462 6841306637050",
      # EAN-13 barcodes (13 digits no longer count), E.164 phone numbers (helper-72)
-     "https://acme.com/p/4043909718948", "call +62812944117715", "tel:+62812944117715"],
+     "https://acme.com/p/4043909718948", "call +62812944117715", "tel:+62812944117715",
+     # IBANs with a letter glued to the bank code, a UK sort code and account, lower case (helper-74)
+     "IT17 K030 6909 6064 8337 8876 232", "GB15 NWBK 6016 1359 4709 00", "de51 5001 0517 1703 7296 84"],
 )
 def test_not_payment_data(text: str) -> None:
     assert run(event(type="custom", name="x", label=text)).accepted
