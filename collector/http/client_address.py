@@ -33,6 +33,10 @@ class TrustedProxies:
             ip = ipaddress.ip_address(address.strip())
         except ValueError:
             return False
+        # An IPv6 listener sees IPv4 peers as ::ffff:a.b.c.d: compared with IPv4
+        # networks as what they are (helper-74), as the datacenter list compares them.
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
         return any(ip in network for network in self._networks)
 
     def client_address(self, peer: str | None, forwarded_for: str | None) -> str | None:

@@ -24,3 +24,12 @@ def test_the_right_most_untrusted_entry_is_the_visitor() -> None:
     assert proxies.client_address("10.0.0.1", "198.51.100.7, unknown") is None
     # from an untrusted peer the header means nothing
     assert proxies.client_address("192.0.2.1", "203.0.113.5") == "192.0.2.1"
+
+
+def test_an_ipv6_listeners_mapped_ipv4_peers_and_hops_are_trusted_as_ipv4() -> None:
+    # On an IPv6 socket an IPv4 peer reads ::ffff:a.b.c.d, which matched no IPv4
+    # network: X-Forwarded-For was ignored, and datacenter visitors judged by the
+    # balancer's address (helper-74).
+    proxies = TrustedProxies(["10.0.0.0/8"])
+    assert proxies.trusted("::ffff:10.0.0.1") and not proxies.trusted("::ffff:192.0.2.1")
+    assert proxies.client_address("::ffff:10.0.0.1", "203.0.113.5, ::ffff:10.0.0.2") == "203.0.113.5"
