@@ -233,14 +233,32 @@ def _now_iso() -> str:
 
 
 def _load(storage: Storage, key: str) -> KeyRecord:
-    raw = key_store.get_key(storage, key) if key else None  # (LMDB refuses an empty key)
+    raw = key_store.get_key(storage, key) if _storable(key) else None
     return _decoded(key, raw)
+
+
+def _storable(key: str) -> bool:
+    """Whether `key` can name a stored record: LMDB refuses an empty key, and a command
+    line's bytes that are not UTF-8 (surrogate escapes) cannot be one."""
+    return bool(key) and key.isprintable() and not any("\udc80" <= ch <= "\udcff" for ch in key)
+
+
+def _shown(key: str) -> str:
+    """The start of a key as a message may print it (escaped when it is not printable UTF-8)."""
+    start = key[:12]
+    return start if _storable(start) else ascii(start)
 
 
 def _decoded(key: str, raw: bytes | None) -> KeyRecord:
     if raw is None:
-        raise KeyAdminError(f"unknown key {key[:12]}...")
-    return decode_record(raw)
+        raise KeyAdminError(f"unknown key {_shown(key)}...")
+    try:
+        return decode_record(raw)
+    except UNREADABLE_RECORD as exc:
+        raise KeyAdminError(
+            f"the stored record of key {_shown(key)}... does not decode ({exc}): import its entry again"
+            " with `collector tenants import`"
+        ) from None
 
 
 def rotate_key(storage: Storage, key: str) -> str:

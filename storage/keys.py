@@ -38,7 +38,11 @@ def change_key(storage: Storage, key: str, change: Callable[[bytes | None], list
     """
 
     def body(txn: lmdb.Transaction) -> None:
-        raw = txn.get(key.encode(), db=storage.dbs.keys) if key else None  # (LMDB refuses an empty key)
+        try:
+            stored = key.encode()
+        except UnicodeEncodeError:  # (a command line's bytes that are not UTF-8): no record has it
+            stored = b""
+        raw = txn.get(stored, db=storage.dbs.keys) if stored else None  # (LMDB refuses an empty key)
         _put(storage, txn, change(bytes(raw) if raw is not None else None))
 
     _in_write_transaction(storage, body)

@@ -7,6 +7,7 @@ one function; nothing is stored unless the admission commits.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from functools import partial
 
@@ -69,9 +70,13 @@ from storage.consent import RecordedConsent, consent_key
 from storage.errors import StorageError
 from storage.idempotency import public_ledger_key
 from storage.outbox import event_time
+from storage.throttled_log import ThrottledLog
 from storage.writer import JobRefused
 
 EDGE_ROUTE = "/v1/edge/pageview"
+# Every write of the account is refused alike until the counter is repaired: one line
+# a minute, naming it (`collector check` lists it too).
+_metering_unavailable = ThrottledLog(logging.getLogger("collector.ingest"), logging.ERROR)
 UNITS = (PAGEVIEW_UNIT, COVERAGE_UNIT)
 _UNIT_OF = {MeterKind.PAGEVIEW: PAGEVIEW_UNIT, MeterKind.COVERAGE: COVERAGE_UNIT, MeterKind.NONE: None}
 _encoder = msgspec.json.Encoder()
@@ -285,6 +290,8 @@ async def _admit(
                 index=prepared.accepted[reason.index].index,
             ) from None
         if isinstance(reason, MeteringUnavailable):
+            name = reason.key.replace("\x00", "/")
+            _metering_unavailable("usage counter %s is unreadable, refusing its writes", name, cause=name)
             raise ServiceError(
                 "usage_metering_unavailable",
                 "usage counters could not be read; nothing was accepted, retry the same ids",

@@ -549,6 +549,10 @@ def test_bad_operator_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         (["keys", "revoke", "", "--data-dir", str(served)], "unknown key"),
         (["keys", "rotate", "", "--data-dir", str(served)], "unknown key"),
         (["stream-token", "mint", "--key", "", "--data-dir", str(served)], "unknown key"),
+        # a key that is not UTF-8 ended in a traceback (helper-74)
+        (["keys", "revoke", "cs_live_\udcff", "--data-dir", str(served)], "unknown key"),
+        (["keys", "rotate", "cs_live_\udcff", "--data-dir", str(served)], "unknown key"),
+        (["stream-token", "mint", "--key", "cs_live_\udcff", "--data-dir", str(served)], "unknown key"),
         (["keys", "rotate-field-key", "--data-dir", str(tmp_path / "typo")], "no data directory"),
         # reveal made the directory and a fresh field key before it looked (audit helper-32)
         (["reveal", "rcpt_x", "--reason", "a long enough reason", "--data-dir", str(tmp_path / "typo")],

@@ -403,7 +403,9 @@ async def test_a_new_directory_bills_its_first_month_from_what_was_served(nurser
     assert invoice[-1] == {"period": period, "total_usd": 50}
 
 
-async def test_an_unreadable_counter_is_named_and_never_billed_as_zero(nursery: trio.Nursery, tmp_path: Path) -> None:
+async def test_an_unreadable_counter_is_named_and_never_billed_as_zero(
+    nursery: trio.Nursery, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     # The server answers 503 for an account whose counter it cannot read; `usage invoice`
     # billed it 0 and `usage show` reported 0 used, exit 0 and silent (review helper-70 #1).
     other = "cs_live_other000000"
@@ -443,6 +445,8 @@ async def test_an_unreadable_counter_is_named_and_never_billed_as_zero(nursery: 
     # Serving more overage it cannot count would never be billed: refused as metering trouble.
     refused = await send(server, PAID, [pageview("d-overage")])
     assert (refused.status_code, refused.json()["error"]) == (503, "usage_metering_unavailable"), refused.text
+    assert f"usage counter paidco/{period}/pageview_overage is unreadable, refusing its writes" in [
+        r.getMessage() for r in caplog.records]  # (the refusal named no counter, helper-74)
     assert cli("usage", "show", "--account", "paidco")[1][0]["used"] == 15  # nothing admitted
 
     damage("pageview")

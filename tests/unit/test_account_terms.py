@@ -222,3 +222,20 @@ def test_a_rotation_racing_an_import_cannot_undo_its_suspension(
         assert records[replacement].is_suspended and records[SERVER["key"]].revokedAt  # type: ignore[index]
     finally:
         storage.close()
+
+
+def test_a_damaged_key_record_is_a_clear_refusal_for_the_key_commands(tmp_path: Path) -> None:
+    # rotate, revoke and mint ended in a msgspec traceback, exit 1 (helper-74).
+    from collector.tenants_admin import KeyAdminError, mint_stream_token, revoke_key
+    from storage.keys import put_keys
+
+    storage = Storage(tmp_path)
+    try:
+        put_keys(storage, [("cs_srv_live_damaged0", b"garbage{"), ("cs_srv_live_noclient", b'{"key": "x"}')])
+        for key in ("cs_srv_live_damaged0", "cs_srv_live_noclient"):
+            for command in (lambda k: rotate_key(storage, k), lambda k: revoke_key(storage, k),
+                            lambda k: mint_stream_token(storage, k, ttl_s=60)):
+                with pytest.raises(KeyAdminError, match="does not decode .*tenants import"):
+                    command(key)
+    finally:
+        storage.close()
