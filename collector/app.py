@@ -29,7 +29,7 @@ from quart_trio import QuartTrio
 from collector import systemd
 from collector.access.keycache import KeyCache
 from collector.demo import DEMO_KEYS, DEMO_TENANTS
-from collector.fieldkeys import key_file_path, load_or_create
+from collector.fieldkeys import key_file_path, load_or_create, settle_key_file
 from collector.http.access_log import flush_periodically as flush_access_log
 from collector.http.asgi import Receive, Scope, Send, send_response
 from collector.http.client_address import TrustedProxies
@@ -85,6 +85,7 @@ def prepare_data_dir(storage: Storage, settings: Settings, now_ms: int) -> None:
         imported = import_tenants(storage, Path(settings.tenants).read_bytes())
         for note in imported_term_notes(storage, imported):  # what `tenants import` prints
             log.warning("tenants file %s: %s", settings.tenants, note)
+    settle_key_file(storage, key_file_path(settings))  # (before any worker seals with it)
     settle_account_suspension(storage)  # (idempotent: writes only what an older import left)
     mark_overage_counting(storage, billing_period(now_ms))
 

@@ -24,7 +24,9 @@ import msgspec
 
 from collector.ingest.sealing import FieldSealer
 from collector.settings import Settings
+from storage.env import Storage
 from storage.errors import UNREADABLE_RECORD
+from storage.field_key_ids import record_key_ids, recorded_key_ids
 
 DEFAULT_NAME = "field-keys.json"
 
@@ -117,6 +119,26 @@ def load_or_create(path: Path) -> FieldSealer:
         with contextlib.suppress(FileExistsError):
             _write_new(path, _KeyFile("k1", {"k1": base64.b64encode(os.urandom(32)).decode()}))
     return _sealer(_read(path), path)
+
+
+def settle_key_file(storage: Storage, path: Path) -> None:
+    """At start, once: create the key file on a first start, refuse a missing one where
+    values were sealed, check the file, and record its key ids in the data directory."""
+    refuse_a_lost_key_file(storage, path)
+    load_or_create(path)  # (KeyFileError for a file that is not valid)
+    record_key_ids(storage, list(_read(path).keys))
+
+
+def refuse_a_lost_key_file(storage: Storage, path: Path) -> None:
+    """KeyFileError when the key file is missing where values were sealed: a new key
+    would leave them unrevealable, and reuse their key id (serve; keys rotate-field-key)."""
+    recorded = recorded_key_ids(storage)
+    if recorded and not path.exists():
+        raise KeyFileError(
+            f"field key file {path} is missing, but this data directory's values were sealed with"
+            f" key {', '.join(recorded)}: put the file back (`collector backup --with-field-keys`"
+            " copies it). Nothing was changed"
+        )
 
 
 def load(path: Path) -> FieldSealer:

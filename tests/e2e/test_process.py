@@ -190,6 +190,32 @@ def test_cli_key_rotation(tmp_path: Path) -> None:
     assert listed[BROWSER_KEY]["revokedAt"]
 
 
+def test_a_lost_field_key_file_stops_the_start_and_is_not_replaced(tmp_path: Path) -> None:
+    # A start without the key file minted a new k1: values sealed with the lost k1
+    # read as tampered, and putting the old file back lost all sealed since (helper-75).
+    server = ServerProcess(tmp_path)
+    assert server.stop() == 0
+    key_file = server.data_dir / "field-keys.json"
+    kept = key_file.read_bytes()
+    key_file.unlink()
+    for argv in (["serve", "--bind", "127.0.0.1:0"], ["serve", "--bind", "127.0.0.1:0", "--workers", "2"],
+                 ["keys", "rotate-field-key"]):
+        refused = run_cli(*argv, data_dir=server.data_dir, check=False)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+        assert "is missing, but this data directory's values were sealed with key k1" in refused.stderr
+        assert not key_file.exists()
+    key_file.write_bytes(kept)
+    key_file.chmod(0o600)
+    # A key file that is not valid is one line, exit 2, with workers too (it was a traceback there).
+    key_file.write_text("garbage")
+    refused = run_cli("serve", "--bind", "127.0.0.1:0", "--workers", "2", data_dir=server.data_dir, check=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert refused.stderr.splitlines()[-1].startswith("collector: field key file") and "is not valid" in refused.stderr
+    key_file.write_bytes(kept)
+    server = ServerProcess(tmp_path)  # the file back: it starts
+    assert server.stop() == 0
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another user")
 def test_a_field_key_rotated_by_root_stays_the_service_users(tmp_path: Path) -> None:
     # README: operator commands may run as root on the directory. A root-owned

@@ -1,0 +1,41 @@
+"""The field key ids a data directory's values were sealed with, kept in its meta database.
+
+The key file lives beside the data (or where `field_key_file` says), and a start
+that found none created a fresh `k1`: values sealed with the lost `k1` then
+read as tampered, and putting the old file back lost everything sealed since,
+under the same id. With the ids recorded here, a start without the file is
+refused instead (collector.fieldkeys.settle_key_file).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from storage.env import Storage
+from storage.errors import UNREADABLE_RECORD, mapped_lmdb_errors
+
+FIELD_KEY_IDS = b"field_key_ids"  # meta: JSON list of every key id the key file has held
+
+
+def recorded_key_ids(storage: Storage) -> list[str]:
+    with mapped_lmdb_errors(), storage.read() as txn:
+        raw = txn.get(FIELD_KEY_IDS, db=storage.dbs.meta)
+    if raw is None:
+        return []
+    try:
+        return msgspec.json.decode(bytes(raw), type=list[str])
+    except UNREADABLE_RECORD:
+        return ["(unreadable record)"]  # something was recorded: a missing file is still refused
+
+
+def record_key_ids(storage: Storage, key_ids: list[str]) -> None:
+    """Add `key_ids` to the recorded ones (written only when that changes them)."""
+    with mapped_lmdb_errors(), storage.env.begin(write=True) as txn:
+        raw = txn.get(FIELD_KEY_IDS, db=storage.dbs.meta)
+        try:
+            known = msgspec.json.decode(bytes(raw), type=list[str]) if raw is not None else []
+        except UNREADABLE_RECORD:
+            known = []
+        merged = sorted({*known, *key_ids})
+        if merged != known:
+            txn.put(FIELD_KEY_IDS, msgspec.json.encode(merged), db=storage.dbs.meta)
