@@ -7,12 +7,13 @@ list of issues.
 from __future__ import annotations
 
 import functools
+import re
 from urllib.parse import urlsplit
 
 import msgspec
 
 from collector.ingest.model import EventIssue
-from collector.ingest.schema import AnyEvent, ConsentTransition, Device, Form, Page
+from collector.ingest.schema import AnyEvent, ConsentTransition, Device, Form, Identify, Page
 
 URL_MAX = 2048
 TITLE_MAX = 512
@@ -116,6 +117,34 @@ def check_event(event: AnyEvent) -> tuple[AnyEvent, list[EventIssue]]:
             issues.append(
                 EventIssue("$.raw_fields", "raw_fields must be a JSON object of field names to types")
             )
+    if isinstance(event, Identify) and event.identity:
+        issues.extend(_identity_in_clear(event.identity))
     if page is not original:
         event = msgspec.structs.replace(event, page=page)
     return event, issues
+
+
+# Spec 2.3: `identity` carries hashed phone and ids; an address or an international
+# number in clear there would be stored as sent, where rawEmail and rawPhone are sealed.
+_EMAIL_IN_CLEAR = re.compile(r"[^@\s]+@[^@\s]+\.[A-Za-z]{2,}")
+_PHONE_IN_CLEAR = re.compile(r"\+[0-9][0-9 ()\-.]{6,20}")
+
+
+def _identity_in_clear(identity: dict[str, object]) -> list[EventIssue]:
+    issues = []
+    stack: list[tuple[str, object]] = [("$.identity", identity)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((f"{path}.{key}", item) for key, item in value.items())
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
+        elif isinstance(value, str):
+            text = value.strip()
+            if _EMAIL_IN_CLEAR.fullmatch(text):
+                issues.append(EventIssue(path, "an email address in clear: identity carries hashed values;"
+                                               " send it as rawEmail (sealed) or its SHA-256"))
+            elif _PHONE_IN_CLEAR.fullmatch(text) and 8 <= sum(ch.isdigit() for ch in text) <= 15:
+                issues.append(EventIssue(path, "a phone number in clear: identity carries hashed values;"
+                                               " send it as rawPhone (sealed) or its hash"))
+    return sorted(issues, key=lambda issue: issue.path)

@@ -719,3 +719,21 @@ async def test_the_recheck_weighs_the_requests_own_choice_by_time(nursery: trio.
     assert (newer["accepted"], newer["dropped"]) == (2, 0), newer
     stored = await stored_events(server)
     assert "id-stale" not in stored and {"grant-old", "id-newer", "grant-new"} <= set(stored)
+
+
+async def test_an_email_or_phone_in_clear_in_identity_is_refused_not_stored(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # Spec 2.3: identity carries hashed values. An address or an international number
+    # in clear there was stored as sent, beside a sealed rawEmail (helper-75).
+    server = await started(nursery, tmp_path)
+    clear = identify("clear", identity={"phone": "+1 415 555 0177", "email": "henry.identity@ex.org",
+                                        "crm": "12345678"})
+    response = await server.client.post("/v1/events", json=clear, headers=ACME)
+    assert (response.status_code, response.json()["error"]) == (400, "validation_error"), response.text
+    assert [d["path"] for d in response.json()["details"]] == ["$.identity.email", "$.identity.phone"]
+    hashed = identify("hashed", identity={"phoneSha256": "a" * 64, "crm": "12345678", "gclid": "Cj0KCQ"})
+    response = await server.client.post("/v1/events", json=hashed, headers=ACME)
+    assert response.json()["accepted"] == 1, response.text
+    dump = json.dumps(await stored_events(server))
+    assert "henry.identity@ex.org" not in dump and "555 0177" not in dump
