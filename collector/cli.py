@@ -139,7 +139,8 @@ class _FirstStart:
         with contextlib.suppress(OSError):
             if self.made_file:
                 (self.data_dir / "data.mdb").unlink()
-            for directory in self.made_dirs:
+        for directory in self.made_dirs:
+            with contextlib.suppress(OSError):  # (each on its own: "new1/.." is not removable, "new1" is)
                 directory.rmdir()  # (only while empty)
 
 
@@ -305,8 +306,18 @@ def cmd_audit_list(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def _text_argument(what: str, value: str | None) -> None:
+    """UsageError for a command-line argument whose bytes are not UTF-8 (surrogate escapes):
+    no stored id can be one, and encoding it for a lookup ended in a traceback (helper-74)."""
+    if value is not None and any("\udc80" <= ch <= "\udcff" for ch in value):
+        raise UsageError(f"the {what} is not UTF-8 text: {ascii(value)}")
+
+
 def cmd_visitors_show(args: argparse.Namespace) -> int:
     from storage.visitors import iter_visitors
+
+    _text_argument("visitor id", args.visitor_id)
+    _text_argument("--client value", args.client)
 
     skipped = _Skipped("visitor record")
 
@@ -354,6 +365,8 @@ def cmd_replay_dump(args: argparse.Namespace) -> int:
     def skip(where: tuple[str, str, str, int], error: Exception) -> None:
         skipped("/".join(map(str, where)), error)
 
+    _text_argument("session id", args.session)
+    _text_argument("--client value", args.client)
     with _storage(args) as storage:
         for line in session_lines(storage, args.session, args.client, on_unreadable=skip):
             print(line)

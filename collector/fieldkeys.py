@@ -151,6 +151,8 @@ def load(path: Path) -> FieldSealer:
 def rotate(path: Path) -> str:
     """Add a fresh key, make it active, keep the old ones; returns the new key id."""
     content = _read(path) if path.exists() else _KeyFile("k0", {})
+    if content.keys:
+        _sealer(content, path)  # a file `serve` would refuse is not rotated into another (helper-75)
     number = 1 + max((int(kid[1:]) for kid in content.keys if kid[1:].isdigit()), default=0)
     new_id = f"k{number}"
     keys = {**content.keys, new_id: base64.b64encode(os.urandom(32)).decode()}

@@ -579,6 +579,8 @@ def test_bad_operator_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         (["keys", "revoke", "cs_live_\udcff", "--data-dir", str(served)], "unknown key"),
         (["keys", "rotate", "cs_live_\udcff", "--data-dir", str(served)], "unknown key"),
         (["stream-token", "mint", "--key", "cs_live_\udcff", "--data-dir", str(served)], "unknown key"),
+        (["visitors", "show", "v\udcff", "--data-dir", str(served)], "not UTF-8"),
+        (["replay", "dump", "--session", "s\udcff", "--data-dir", str(served)], "not UTF-8"),
         (["keys", "rotate-field-key", "--data-dir", str(tmp_path / "typo")], "no data directory"),
         # reveal made the directory and a fresh field key before it looked (audit helper-32)
         (["reveal", "rcpt_x", "--reason", "a long enough reason", "--data-dir", str(tmp_path / "typo")],
@@ -646,12 +648,14 @@ def test_a_serve_refused_its_port_leaves_no_data_directory_behind(tmp_path: Path
     existing = tmp_path / "existing"
     existing.mkdir()
     try:
-        for data_dir in (tmp_path / "new", tmp_path / "deep" / "er" / "new", existing):
+        for data_dir in (tmp_path / "new", tmp_path / "deep" / "er" / "new", tmp_path / "new1" / ".." / "new2" / "d",
+                         existing):
             result = run_cli("serve", "--bind", bind, data_dir=data_dir, check=False)
             assert result.returncode == 2 and "cannot listen" in result.stderr, result.stderr
     finally:
         busy.close()
     assert not (tmp_path / "new").exists() and not (tmp_path / "deep").exists()  # (all it made, helper-71)
+    assert not (tmp_path / "new1").exists() and not (tmp_path / "new2").exists()  # (helper-72)
     assert list(existing.iterdir()) == []  # the operator's own directory stays
 
 

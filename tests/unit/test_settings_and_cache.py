@@ -146,3 +146,15 @@ def test_a_stale_temp_key_file_of_this_pid_does_not_block_a_rotation(tmp_path: P
     (tmp_path / f".field-keys.json.{os.getpid()}.tmp").write_bytes(b"half")
     assert fieldkeys.rotate(path) == "k2"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["field-keys.json"]
+
+
+def test_a_key_file_serve_would_refuse_is_not_rotated(tmp_path: Path) -> None:
+    # rotate-field-key read {"kx": "zz"} and wrote it on beside a new key, exit 0 (helper-75).
+    from collector import fieldkeys
+
+    path = tmp_path / "field-keys.json"
+    path.write_text('{"active": "kx", "keys": {"kx": "zz"}}')
+    path.chmod(0o600)
+    with pytest.raises(KeyFileError):
+        fieldkeys.rotate(path)
+    assert path.read_text() == '{"active": "kx", "keys": {"kx": "zz"}}'
