@@ -76,6 +76,8 @@ def prepare_data_dir(storage: Storage, settings: Settings, now_ms: int) -> None:
     """The start-up writes before anything serves: the tenants (demo, file), the
     account suspensions an older version's imports left per key, and the
     period this directory began counting served overage in."""
+    # First: a refusal must leave the directory as it was (and before any worker seals).
+    settle_key_file(storage, key_file_path(settings))
     if settings.demo_tenant:
         import_tenants(storage, DEMO_TENANTS)
     else:
@@ -85,7 +87,6 @@ def prepare_data_dir(storage: Storage, settings: Settings, now_ms: int) -> None:
         imported = import_tenants(storage, Path(settings.tenants).read_bytes())
         for note in imported_term_notes(storage, imported):  # what `tenants import` prints
             log.warning("tenants file %s: %s", settings.tenants, note)
-    settle_key_file(storage, key_file_path(settings))  # (before any worker seals with it)
     settle_account_suspension(storage)  # (idempotent: writes only what an older import left)
     mark_overage_counting(storage, billing_period(now_ms))
 

@@ -346,14 +346,17 @@ def cmd_visitors_show(args: argparse.Namespace) -> int:
 
 def cmd_keys_rotate_field_key(args: argparse.Namespace) -> int:
     from collector.fieldkeys import key_file_path, refuse_a_lost_key_file, rotate
+    from storage.field_key_ids import recorded_key_ids
 
     settings = _settings_from(args)
     if not settings.field_key_file:  # the default key file lives in the data directory
         _check_data_dir(Path(settings.data_dir), create=False)
+    taken: list[str] = []
     if (Path(settings.data_dir) / "data.mdb").exists():
         with _storage(args) as storage:
             refuse_a_lost_key_file(storage, key_file_path(settings))
-    print(rotate(key_file_path(settings)))
+            taken = recorded_key_ids(storage)
+    print(rotate(key_file_path(settings), taken))
     return 0
 
 

@@ -18,6 +18,7 @@ import base64
 import contextlib
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
@@ -122,23 +123,31 @@ def load_or_create(path: Path) -> FieldSealer:
 
 
 def settle_key_file(storage: Storage, path: Path) -> None:
-    """At start, once: create the key file on a first start, refuse a missing one where
-    values were sealed, check the file, and record its key ids in the data directory."""
+    """At start, once: create the key file on a first start, refuse a missing one, or one
+    lacking a key, where values were sealed; check the file, and record its key ids."""
     refuse_a_lost_key_file(storage, path)
     load_or_create(path)  # (KeyFileError for a file that is not valid)
     record_key_ids(storage, list(_read(path).keys))
 
 
 def refuse_a_lost_key_file(storage: Storage, path: Path) -> None:
-    """KeyFileError when the key file is missing where values were sealed: a new key
-    would leave them unrevealable, and reuse their key id (serve; keys rotate-field-key)."""
+    """KeyFileError when the key file is missing, or lacks a key id, where values were
+    sealed: a new key would leave them unrevealable, and reuse their key id (serve;
+    keys rotate-field-key). An older copy of the file lacks the keys added since."""
     recorded = recorded_key_ids(storage)
-    if recorded and not path.exists():
-        raise KeyFileError(
-            f"field key file {path} is missing, but this data directory's values were sealed with"
-            f" key {', '.join(recorded)}: put the file back (`collector backup --with-field-keys`"
-            " copies it). Nothing was changed"
-        )
+    if not recorded:
+        return
+    if not path.exists():
+        problem = "is missing"
+    elif lacking := sorted(set(recorded) - set(_read(path).keys)):
+        problem = f"lacks key {', '.join(lacking)}"
+    else:
+        return
+    raise KeyFileError(
+        f"field key file {path} {problem}, but this data directory's values were sealed with"
+        f" key {', '.join(recorded)}: put the right file back (`collector backup --with-field-keys`"
+        " copies it). Nothing was changed"
+    )
 
 
 def load(path: Path) -> FieldSealer:
@@ -148,12 +157,14 @@ def load(path: Path) -> FieldSealer:
     return _sealer(_read(path), path)
 
 
-def rotate(path: Path) -> str:
-    """Add a fresh key, make it active, keep the old ones; returns the new key id."""
+def rotate(path: Path, taken: Iterable[str] = ()) -> str:
+    """Add a fresh key, make it active, keep the old ones; returns the new key id, one
+    neither in the file nor among `taken` (the ids the data directory recorded)."""
     content = _read(path) if path.exists() else _KeyFile("k0", {})
     if content.keys:
         _sealer(content, path)  # a file `serve` would refuse is not rotated into another (helper-75)
-    number = 1 + max((int(kid[1:]) for kid in content.keys if kid[1:].isdigit()), default=0)
+    ids = [*content.keys, *taken]
+    number = 1 + max((int(kid[1:]) for kid in ids if kid[1:].isdigit()), default=0)
     new_id = f"k{number}"
     keys = {**content.keys, new_id: base64.b64encode(os.urandom(32)).decode()}
     _write_new(path, _KeyFile(new_id, keys), replace=True)  # atomic: never a moment without keys

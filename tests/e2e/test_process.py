@@ -214,6 +214,18 @@ def test_a_lost_field_key_file_stops_the_start_and_is_not_replaced(tmp_path: Pat
     key_file.write_bytes(kept)
     server = ServerProcess(tmp_path)  # the file back: it starts
     assert server.stop() == 0
+    # An older copy of the file, lacking a key added since, is refused too, and a refused
+    # start imports nothing (it imported the tenants first; helper-76).
+    assert run_cli("keys", "rotate-field-key", data_dir=server.data_dir).stdout.strip() == "k2"
+    server = ServerProcess(tmp_path)  # (records k2)
+    assert server.stop() == 0
+    key_file.write_bytes(kept)
+    extra = tmp_path / "extra.json"
+    extra.write_text(json.dumps({"keys": [{"key": "cs_live_lateimport0", "clientId": "late", "sites": [{"siteId": "w"}]}]}))
+    for argv in (["serve", "--bind", "127.0.0.1:0", "--tenants", str(extra)], ["keys", "rotate-field-key"]):
+        refused = run_cli(*argv, data_dir=server.data_dir, check=False)
+        assert refused.returncode == 2 and "lacks key k2" in refused.stderr, refused.stderr
+    assert "cs_live_lateimport0" not in run_cli("tenants", "list", data_dir=server.data_dir).stdout
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another user")
