@@ -150,11 +150,20 @@ _FORM_WORDS = frozenset({"", "form", "page", "step", "details", "info", "section
 # than a payment card's: such a field is withheld, but does not make its form a
 # checkout (a loyalty sign-up or a patient intake form is not dropped whole).
 _NOT_PAYMENT_CARD = frozenset({
-    "loyalty", "gift", "library", "member", "membership", "sim", "id", "identity", "green", "insurance",
+    "loyalty", "library", "member", "membership", "sim", "id", "identity", "green", "insurance",
     "health", "student", "reward", "rewards", "club", "business", "access", "badge", "captcha", "employee",
     "voter", "driver", "drivers", "medicare", "medicaid", "transit", "metro", "discount", "bonus", "points",
-    "store", "customer", "certificate", "national", "residence", "resident", "social", "benefit", "benefits",
-    "transport", "travel", "parking", "fidelity", "patient", "staff", "visitor", "guest", "key", "door",
+    "certificate", "national", "residence", "resident", "social", "benefit", "benefits",
+    "transport", "parking", "fidelity", "patient", "staff", "visitor", "key", "door",
+})  # fmt: skip
+# Words that make a name a payment card's whatever else it says ("customer[credit_card][number]").
+_PAYMENT_CARD_WORDS = frozenset({"credit", "debit", "cc", "cvv", "cvc", "csc", "cardholder", "creditcard"})
+# Purposes a form named after a checkout may have besides taking the order: "checkoutSurvey",
+# "post-checkout-signup" are other forms; "checkout-billing" and "checkout-v2" are checkouts.
+_OTHER_PURPOSE = frozenset({
+    "survey", "feedback", "signup", "subscribe", "subscription", "newsletter", "review", "reviews",
+    "rating", "contact", "support", "help", "login", "register", "registration", "question",
+    "questions", "nps", "poll", "comment", "comments", "search", "share", "referral", "unsubscribe",
 })  # fmt: skip
 # A selector's compound selectors, between combinators (" ", ">", "+", "~").
 _COMBINATORS = re.compile(r"\s*[>+~]\s*|\s+")
@@ -245,10 +254,10 @@ def names_checkout(text: str) -> bool:
     """True when a form id names a checkout or payment form."""
     # Cached: a site sends the same few form ids and selectors over and over.
     words = _words(text)
-    # A checkout word followed by nothing but form words ("payment-form", "Checkout_Step_2"):
+    # A checkout word not followed by another purpose ("payment-form", "checkout-billing");
     # "checkoutSurvey" and "post-checkout-signup" are other forms.
     if any(
-        word in _CHECKOUT_WORDS and all(after in _FORM_WORDS or after.isdigit() for after in words[i + 1 :])
+        word in _CHECKOUT_WORDS and not _OTHER_PURPOSE.intersection(words[i + 1 :])
         for i, word in enumerate(words)
     ):
         return True
@@ -264,12 +273,15 @@ def names_checkout(text: str) -> bool:
 
 
 def selector_names_checkout(selector: str) -> bool:
-    """True when a CSS selector's form is a checkout: its own compound selector names one,
-    or, when that is a bare tag ("div#checkout form"), the nearest one before it that names
-    anything. "div.checkout-page > form#newsletter" is a newsletter form."""
+    """True when a CSS selector's form is a checkout: the nearest compound selector, from
+    the form's own outward, that names a checkout or another purpose decides
+    ("#checkout-page form.needs-validation" is a checkout, "div.checkout-page >
+    form#newsletter" a newsletter form)."""
     for compound in reversed([part for part in _COMBINATORS.split(selector.strip()) if part]):
-        if any(mark in compound for mark in "#.["):
-            return names_checkout(compound)
+        if names_checkout(compound):
+            return True
+        if _OTHER_PURPOSE.intersection(_words(compound)):
+            return False
     return False
 
 
@@ -287,7 +299,11 @@ def _names_payment_card(name: str) -> bool:
     """A payment-class field name that is a payment card's, not a loyalty card's
     number, a captcha's security code or the name on a badge."""
     words = _words(name)
-    if _NOT_PAYMENT_CARD.intersection(words):
+    if _PAYMENT_CARD_WORDS.intersection(words):
+        return True
+    if "card" in words and words.index("card") > 0 and words[words.index("card") - 1] in _NOT_PAYMENT_CARD:
+        return False  # "loyalty_card_number", "id_card_number"; "guest_card_number" is a checkout's
+    if "captcha" in words:
         return False
     if "on" in words and "name" in words:  # "name on card", not "name on badge"
         return "card" in words or "nameoncard" in "".join(words)

@@ -218,8 +218,35 @@ def test_without_a_sealer_values_are_withheld_not_stored_plain() -> None:
     [("checkout", True), ("#payment-form", True), ("form.Checkout_Step", True), ("creditCard", True),
      ("newsletter", False), ("", False), ("pay", False), ("purchases", False), ("PAYMENTFORM", True),
      ("checkoutstep", True), ("repaymentPlan", False), ("prepaymentinfo", False), ("checkoutsurvey", False),
-     ("checkoutSurvey", False), ("post-checkout-signup", False), ("payment-method", True), ("checkout_step_2", True)],
+     ("checkoutSurvey", False), ("post-checkout-signup", False), ("payment-method", True), ("checkout_step_2", True),
+     # other words after the checkout word still name a checkout (helper-76)
+     ("checkout-billing", True), ("checkoutShipping", True), ("checkout-v2", True), ("paymentInformation", True)],
 )
 def test_checkout_names(text: str, checkout: bool) -> None:
     assert names_checkout(text) is checkout
     assert names_checkout(text) is checkout  # the cached verdict is the same
+
+
+@pytest.mark.parametrize(
+    ("selector", "checkout"),
+    [("#checkout-page form.needs-validation", True), ("div#payment > form.form", True), ("div#checkout form", True),
+     ("div.checkout-page > form#newsletter", False), ("body form", False)],
+)
+def test_the_nearest_compound_selector_that_says_decides(selector: str, checkout: bool) -> None:
+    from collector.ingest.privacy import selector_names_checkout
+
+    assert selector_names_checkout(selector) is checkout
+
+
+@pytest.mark.parametrize(
+    ("name", "checkout"),
+    [("customer[credit_card][number]", True), ("guest_card_number", True), ("guest_card_cvc", True),
+     ("customer_card_number", True), ("card_number_id", True), ("loyalty_card_number", False),
+     ("id_card_number", False), ("name_on_badge", False), ("security_code_captcha", False)],
+)
+def test_a_card_field_makes_a_checkout_unless_it_is_another_kind_of_card(name: str, checkout: bool) -> None:
+    from collector.ingest.privacy import Form, apply_form_floor
+
+    form = msgspec.convert({"type": "form", "visitorId": "v", "sessionId": "s", "timestamp": 1, "action": "submit",
+                            "formId": "f", "fieldCount": 1, "values": {name: "x"}}, Form)
+    assert (apply_form_floor(form).drop_reason == "checkout_form") is checkout
