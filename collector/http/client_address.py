@@ -22,7 +22,7 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 class TrustedProxies:
     def __init__(self, cidrs: Iterable[str]) -> None:
         self._networks: tuple[Network, ...] = tuple(
-            ipaddress.ip_network(cidr, strict=False) for cidr in cidrs
+            _unmapped(ipaddress.ip_network(cidr, strict=False)) for cidr in cidrs
         )
 
     def __bool__(self) -> bool:
@@ -51,6 +51,17 @@ class TrustedProxies:
             if not self.trusted(hop):
                 return hop
         return peer
+
+
+_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
+
+
+def _unmapped(network: Network) -> Network:
+    """An IPv4-mapped network (`::ffff:10.0.0.0/104`, as an IPv6 listener's log writes
+    peers) as the IPv4 network it stands for, which `trusted` compares addresses with."""
+    if isinstance(network, ipaddress.IPv6Network) and network.subnet_of(_MAPPED):
+        return ipaddress.IPv4Network((int(network.network_address) & 0xFFFFFFFF, network.prefixlen - 96))
+    return network
 
 
 def address_of(entry: str) -> str | None:

@@ -126,8 +126,22 @@ def check_event(event: AnyEvent) -> tuple[AnyEvent, list[EventIssue]]:
 
 # Spec 2.3: `identity` carries hashed phone and ids; an address or an international
 # number in clear there would be stored as sent, where rawEmail and rawPhone are sealed.
-_EMAIL_IN_CLEAR = re.compile(r"[^@\s]+@[^@\s]+\.[A-Za-z]{2,}")
-_PHONE_IN_CLEAR = re.compile(r"\+[0-9][0-9 ()\-.]{6,20}")
+# Looked for anywhere in a string ("John <john@example.com>", "tel:+1 415 555 0123"),
+# not in a Fediverse handle ("@user@mastodon.social") nor a date or an amount.
+_EMAIL_IN_CLEAR = re.compile(r"(?<![@\w.+-])[\w.+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
+_PHONE_IN_CLEAR = re.compile(r"(?<![\w+])\+[0-9][0-9 \u00a0()\-/]{6,22}[0-9]")
+_DATE = re.compile(r"\+[0-9]{4}-[0-9]{2}-[0-9]{2}")
+
+
+def _in_clear(text: str) -> str | None:
+    """What personal value `text` holds in clear, if any."""
+    if "@" in text and not text.lstrip().startswith("@") and _EMAIL_IN_CLEAR.search(text):
+        return "an email address"
+    if "+" in text:
+        for match in _PHONE_IN_CLEAR.finditer(text):
+            if 8 <= sum(ch.isdigit() for ch in match.group()) <= 15 and not _DATE.match(match.group()):
+                return "a phone number"
+    return None
 
 
 def _identity_in_clear(identity: dict[str, object]) -> list[EventIssue]:
@@ -136,15 +150,13 @@ def _identity_in_clear(identity: dict[str, object]) -> list[EventIssue]:
     while stack:
         path, value = stack.pop()
         if isinstance(value, dict):
-            stack.extend((f"{path}.{key}", item) for key, item in value.items())
+            for key, item in value.items():
+                stack.append((f"{path}.{key}", item))
+                stack.append((f"{path}.{key} (the key)", key))  # ({"john@example.com": true})
         elif isinstance(value, list):
             stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
-        elif isinstance(value, str):
-            text = value.strip()
-            if _EMAIL_IN_CLEAR.fullmatch(text):
-                issues.append(EventIssue(path, "an email address in clear: identity carries hashed values;"
-                                               " send it as rawEmail (sealed) or its SHA-256"))
-            elif _PHONE_IN_CLEAR.fullmatch(text) and 8 <= sum(ch.isdigit() for ch in text) <= 15:
-                issues.append(EventIssue(path, "a phone number in clear: identity carries hashed values;"
-                                               " send it as rawPhone (sealed) or its hash"))
+        elif isinstance(value, str) and (found := _in_clear(value)):
+            kind = "rawEmail" if found == "an email address" else "rawPhone"
+            issues.append(EventIssue(path, f"{found} in clear: identity carries hashed values;"
+                                           f" send it as {kind} (sealed) or its hash"))
     return sorted(issues, key=lambda issue: issue.path)

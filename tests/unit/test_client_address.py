@@ -33,3 +33,7 @@ def test_an_ipv6_listeners_mapped_ipv4_peers_and_hops_are_trusted_as_ipv4() -> N
     proxies = TrustedProxies(["10.0.0.0/8"])
     assert proxies.trusted("::ffff:10.0.0.1") and not proxies.trusted("::ffff:192.0.2.1")
     assert proxies.client_address("::ffff:10.0.0.1", "203.0.113.5, ::ffff:10.0.0.2") == "203.0.113.5"
+    # ... and networks written in the mapped form match too (helper-76)
+    for written in ("::ffff:10.0.0.0/104", "::ffff:10.0.0.1/128"):
+        mapped = TrustedProxies([written])
+        assert mapped.trusted("::ffff:10.0.0.1") and mapped.trusted("10.0.0.1") and not mapped.trusted("::1")

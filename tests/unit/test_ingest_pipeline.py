@@ -280,6 +280,23 @@ def test_the_edge_identity_keeps_the_layout_earlier_versions_stored() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("value", "in_clear"),
+    [("John Doe <john@example.com>", True), ("email: john@example.com", True), ("tel:+14155550123", True),
+     ("+1 415 555 0123 ext 5", True), ("+44\u00a020\u00a07946\u00a00958", True), ("+49 30/1234567", True),
+     ({"john@example.com": True}, True),
+     # ordinary identity values (helper-76): a Fediverse handle, amounts, coordinates, dates, ids, hashes
+     ("@user@mastodon.social", False), ("+1000000.00", False), ("+40.7128-074.0060", False), ("+2024-01-15", False),
+     ("medium.com/@author", False), ("spring+2024", False), ("Cj0KCQiA", False), ("a" * 64, False)],
+)
+def test_an_identity_value_in_clear_is_refused(value: object, in_clear: bool) -> None:
+    sent = event("i1", type="identify", hem="a" * 64, identity={"v": value})
+    if in_clear:
+        refused(sent, "validation_error")
+    else:
+        assert run(sent).accepted
+
+
 def test_consent_transition_never_carries_page_content() -> None:
     bad = {"type": "_consent_transition", "_eid": "t", "visitorId": "v", "sessionId": "s",
            "timestamp": NOW, "consent": {"analytics": True},
