@@ -238,9 +238,9 @@ def _load(storage: Storage, key: str) -> KeyRecord:
 
 
 def _storable(key: str) -> bool:
-    """Whether `key` can name a stored record: LMDB refuses an empty key, and a command
-    line's bytes that are not UTF-8 (surrogate escapes) cannot be one."""
-    return bool(key) and key.isprintable() and not any("\udc80" <= ch <= "\udcff" for ch in key)
+    """Whether `key` can name a stored record: LMDB refuses an empty key, and a key is
+    printable text (a command line's bytes that are not UTF-8, surrogate escapes, are not)."""
+    return bool(key) and key.isprintable()
 
 
 def _shown(key: str) -> str:

@@ -12,6 +12,7 @@ from collector.access.tenants import KeyRecord
 from collector.limits.usage import (
     COVERAGE_UNIT,
     PAGEVIEW_UNIT,
+    UNITS,
     UsagePolicy,
     billing_period,
     current_snapshot,
@@ -123,9 +124,6 @@ def usage_rows(
     return [row for row in rows if (row.account, row.unit) not in left_out]
 
 
-UNITS = (PAGEVIEW_UNIT, COVERAGE_UNIT)  # the counters `usage show` reads (not the overage ones)
-
-
 def _rows_left_out(
     damaged: list[counters.DamagedCounter], account: str | None, on_damaged: Unreadable | None
 ) -> set[tuple[str, str]]:
@@ -161,7 +159,7 @@ def _report(on_damaged: Unreadable | None, damaged: counters.DamagedCounter, con
 def _rows(
     policies: dict[str, UsagePolicy], stored: dict[tuple[str, str], int], period: str, account: str | None = None
 ) -> list[UnitUsage]:
-    names = set(policies) | {name for name, kind in stored if kind in (PAGEVIEW_UNIT, COVERAGE_UNIT)}
+    names = set(policies) | {name for name, kind in stored if kind in UNITS}
     rows = []
     for name in sorted(names):
         if account and name != account:

@@ -63,7 +63,7 @@ class Conflict(msgspec.Struct, frozen=True):
 class MeteringUnavailable(msgspec.Struct, frozen=True):
     """A usage counter could not be read (503 usage_metering_unavailable)."""
 
-    key: str
+    key: str  # the counter, as counters.counter_name names it
 
 
 class AdmissionResult(msgspec.Struct, frozen=True):
@@ -216,7 +216,7 @@ class Admission:
             raw_count = stored_counts.get(ck)
             if not counters.is_counter(raw_count):
                 # A counter we cannot read must not be guessed at: refuse, nothing accepted.
-                raise JobRefused(MeteringUnavailable(bytes(ck).decode(errors="replace")))
+                raise JobRefused(MeteringUnavailable(counters.counter_name(bytes(ck))))
             used[unit] = counters.decode_value(raw_count)
         usage = self.budget(used, added)  # raises JobRefused on a billing stop
         self._refuse_unreadable_overage(txn, dbs, used, added)
@@ -304,6 +304,5 @@ class Admission:
             if not counters.served_overage(included, used[unit], added.get(unit, 0)):
                 continue
             key = counters.overage_key(self.account, self.period, unit)
-            raw = txn.get(key, db=dbs.counters)
-            if not counters.is_counter(raw):
-                raise JobRefused(MeteringUnavailable(bytes(key).decode(errors="replace")))
+            if not counters.is_counter(txn.get(key, db=dbs.counters)):
+                raise JobRefused(MeteringUnavailable(counters.counter_name(key)))

@@ -68,8 +68,12 @@ def read_row(key: bytes, value: bytes) -> tuple[str, str, str, int] | DamagedCou
         problem = f"its value is {len(value)} bytes, not an {COUNTER_BYTES}-byte count"
     else:
         return account, period, kind, decode_value(value)
-    name = key.decode(errors="backslashreplace").replace("\x00", "/")
-    return DamagedCounter(name, account, period, kind, problem)
+    return DamagedCounter(counter_name(key), account, period, kind, problem)
+
+
+def counter_name(key: bytes) -> str:
+    """A counter's key as messages name it: account/period/kind, undecodable bytes escaped."""
+    return key.decode(errors="backslashreplace").replace("\x00", "/")
 
 
 def _utf8(part: bytes) -> str | None:
@@ -176,10 +180,6 @@ class Spend(msgspec.Struct, frozen=True):
     used: int  # the counter after the job (unchanged when not spent)
     spent: bool
     unreadable: bytes | None = None  # the counter whose stored value is not one; nothing was written
-
-    @property
-    def readable(self) -> bool:
-        return self.unreadable is None
 
 
 class SpendUnits:

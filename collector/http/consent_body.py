@@ -37,6 +37,7 @@ import msgspec
 
 from collector.errors import ServiceError
 from collector.http.edge_body import content_identities, decode_translated
+from collector.ingest.schema import Consent
 
 
 class ConsentBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -48,9 +49,9 @@ class ConsentBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 _decoder = msgspec.json.Decoder(ConsentBody)
-# The fields of a consent object (spec 2.2). `consent` stays a map rather than a
+# The fields of a consent object (spec 2.2), as the schema has them. `consent` stays a map rather than a
 # Struct: its encoding is the content identity that retries are matched by.
-CONSENT_FIELDS = frozenset({"analytics", "identityResolution", "thirdPartySharing", "timestamp"})
+CONSENT_FIELDS = frozenset(field.encode_name for field in msgspec.structs.fields(Consent))
 _encoder = msgspec.json.Encoder()
 
 

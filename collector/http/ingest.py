@@ -49,6 +49,7 @@ from collector.limits.rates import ingest_scope
 from collector.limits.usage import (
     COVERAGE_UNIT,
     PAGEVIEW_UNIT,
+    UNITS,
     UsagePolicy,
     UsageRefusal,
     UsageSnapshot,
@@ -77,7 +78,6 @@ EDGE_ROUTE = "/v1/edge/pageview"
 # Every write of the account is refused alike until the counter is repaired: one line
 # a minute, naming it (`collector check` lists it too).
 _metering_unavailable = ThrottledLog(logging.getLogger("collector.ingest"), logging.ERROR)
-UNITS = (PAGEVIEW_UNIT, COVERAGE_UNIT)
 _UNIT_OF = {MeterKind.PAGEVIEW: PAGEVIEW_UNIT, MeterKind.COVERAGE: COVERAGE_UNIT, MeterKind.NONE: None}
 _encoder = msgspec.json.Encoder()
 
@@ -290,8 +290,7 @@ async def _admit(
                 index=prepared.accepted[reason.index].index,
             ) from None
         if isinstance(reason, MeteringUnavailable):
-            name = reason.key.replace("\x00", "/")
-            _metering_unavailable("usage counter %s is unreadable, refusing its writes", name, cause=name)
+            _metering_unavailable("usage counter %s is unreadable, refusing its writes", reason.key, cause=reason.key)
             raise ServiceError(
                 "usage_metering_unavailable",
                 "usage counters could not be read; nothing was accepted, retry the same ids",

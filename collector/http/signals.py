@@ -162,7 +162,7 @@ async def _spend_coverage(
         _metering_unavailable("coverage metering unavailable, answering degraded: %s", exc, cause=str(exc))
         return CoverageMode.DEGRADED, None
     if spend.unreadable is not None:
-        name = spend.unreadable.decode(errors="backslashreplace").replace("\x00", "/")
+        name = counters.counter_name(spend.unreadable)
         _metering_unavailable("usage counter %s is unreadable, answering degraded", name, cause=name)
         return CoverageMode.DEGRADED, None
     return (CoverageMode.FULL if spend.spent else CoverageMode.DEGRADED), spend.used

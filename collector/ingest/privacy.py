@@ -151,7 +151,7 @@ _FORM_WORDS = frozenset({"", "form", "page", "step", "details", "info", "section
 # checkout (a loyalty sign-up or a patient intake form is not dropped whole).
 _NOT_PAYMENT_CARD = frozenset({
     "loyalty", "library", "member", "membership", "sim", "id", "identity", "green", "insurance",
-    "health", "student", "reward", "rewards", "club", "business", "access", "badge", "captcha", "employee",
+    "health", "student", "reward", "rewards", "club", "business", "access", "badge", "employee",
     "voter", "driver", "drivers", "medicare", "medicaid", "transit", "metro", "discount", "bonus", "points",
     "certificate", "national", "residence", "resident", "social", "benefit", "benefits",
     "transport", "parking", "fidelity", "patient", "staff", "visitor", "key", "door",

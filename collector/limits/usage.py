@@ -54,6 +54,7 @@ PACKAGES: dict[Plan, tuple[int, int]] = {
 
 PAGEVIEW_UNIT = "pageview"
 COVERAGE_UNIT = "coverage"
+UNITS = (PAGEVIEW_UNIT, COVERAGE_UNIT)  # every unit a usage counter meters (not the overage counters)
 
 
 class UsagePolicy(msgspec.Struct, frozen=True):
