@@ -4,7 +4,8 @@ A form field is classified from three kinds of evidence:
 
 - its name (the key in `values`, a name in `raw_fields`, a file entry's
   `field`), split into lower-case words (`cardNumber`, `card-number`,
-  `card_number` and `CARDNumber` all give `card number`). Names are also
+  `card_number` and `CARDNumber` all give `card number`; accents are folded,
+  and the lists hold the common names in other European languages). Names are also
   written run together (`accountnumber`, `userpassword`), so a word or the
   whole name that contains a long enough sensitive word or word pair
   (`passwd`, `income`: six letters or more; pairs such as `cardcvv`: seven)
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import re
+import unicodedata
 
 import msgspec
 
@@ -80,6 +82,47 @@ _WORD_CLASS: dict[str, str] = {
     "otp": "secret",
 }  # fmt: skip
 
+# The same classes in the languages forms are most often written in besides English
+# (Spanish, Portuguese, French, Italian, German, Dutch, the Nordic and Slavic
+# languages, Turkish), accents folded: "contraseña" is read as "contrasena". Short
+# or ambiguous words need a second word, below: "clave" alone is also a keyword,
+# "carte" a map; words that also name data processing ("tratamiento de datos" in a
+# consent checkbox) or tooling ("diagnostic") are left out.
+_WORD_CLASS.update({
+    # secrets
+    "contrasena": "secret", "contrasenya": "secret", "senha": "secret", "motdepasse": "secret",
+    "passwort": "secret", "kennwort": "secret", "wachtwoord": "secret",
+    "haslo": "secret", "heslo": "secret", "sifre": "secret", "salasana": "secret",
+    "losenord": "secret", "passord": "secret", "adgangskode": "secret",
+    # payment
+    "kreditkarte": "payment", "kartennummer": "payment", "kaartnummer": "payment",
+    "cryptogramme": "payment", "prufnummer": "payment", "sicherheitscode": "payment",
+    "beveiligingscode": "payment",
+    # government id
+    "pasaporte": "government_id", "passeport": "government_id", "passaporte": "government_id",
+    "passaporto": "government_id", "reisepass": "government_id", "paspoort": "government_id",
+    "nif": "government_id", "nie": "government_id", "cuit": "government_id", "cuil": "government_id",
+    "rfc": "government_id", "cedula": "government_id", "pesel": "government_id",
+    "steuernummer": "government_id", "steuerid": "government_id", "personalausweis": "government_id",
+    "ausweisnummer": "government_id", "codicefiscale": "government_id",
+    "sozialversicherungsnummer": "government_id", "burgerservicenummer": "government_id",
+    "henkilotunnus": "government_id",
+    # financial
+    "kontonummer": "financial", "rekeningnummer": "financial", "bankleitzahl": "financial",
+    "clabe": "financial", "salario": "financial", "sueldo": "financial", "ingresos": "financial",
+    "einkommen": "financial", "gehalt": "financial", "stipendio": "financial",
+    # health
+    "diagnostico": "health", "diagnose": "health", "diagnosi": "health",
+    "medicamento": "health", "medicamentos": "health", "medicament": "health", "medicaments": "health",
+    "farmaci": "health", "alergia": "health", "alergias": "health", "allergie": "health",
+    "allergien": "health", "allergia": "health", "enfermedad": "health", "enfermedades": "health",
+    "maladie": "health", "krankheit": "health", "malattia": "health", "sintomas": "health",
+    "symptome": "health", "sintomi": "health", "embarazo": "health", "embarazada": "health",
+    "schwanger": "health", "schwangerschaft": "health", "gravidanza": "health", "grossesse": "health",
+    "ordonnance": "health", "paciente": "health",
+    "krankenversicherung": "health",
+})  # fmt: skip
+
 # Pairs of words (in order, adjacent) that decide a class together.
 _PAIR_CLASS: dict[tuple[str, str], str] = {
     ("card", "number"): "payment", ("card", "num"): "payment", ("card", "no"): "payment",
@@ -119,7 +162,33 @@ _PAIR_CLASS: dict[tuple[str, str], str] = {
     ("transit", "number"): "financial",
     ("cc", "no"): "payment", ("exp", "month"): "payment", ("exp", "year"): "payment",
     ("expiry", "month"): "payment", ("expiry", "year"): "payment",
+    # other languages (connecting words such as "de" are skipped: "mot de passe")
+    ("mot", "passe"): "secret", ("clave", "acceso"): "secret", ("codigo", "verificacion"): "secret",
+    ("code", "verification"): "secret", ("codigo", "acesso"): "secret",
+    ("numero", "tarjeta"): "payment", ("tarjeta", "credito"): "payment", ("tarjeta", "debito"): "payment",
+    ("codigo", "seguridad"): "payment", ("numero", "carte"): "payment", ("carte", "bancaire"): "payment",
+    ("carte", "credit"): "payment", ("code", "securite"): "payment", ("numero", "cartao"): "payment",
+    ("cartao", "credito"): "payment", ("codigo", "seguranca"): "payment", ("numero", "carta"): "payment",
+    ("carta", "credito"): "payment", ("codice", "sicurezza"): "payment",
+    ("seguridad", "social"): "government_id", ("seguro", "social"): "government_id",
+    ("securite", "sociale"): "government_id", ("numero", "fiscal"): "government_id",
+    ("codice", "fiscale"): "government_id", ("carte", "identite"): "government_id",
+    ("documento", "identidad"): "government_id", ("numero", "identificacion"): "government_id",
+    ("numero", "pasaporte"): "government_id",
+    ("numero", "cuenta"): "financial", ("cuenta", "bancaria"): "financial", ("compte", "bancaire"): "financial",
+    ("numero", "compte"): "financial", ("conta", "bancaria"): "financial", ("numero", "conta"): "financial",
+    ("conto", "corrente"): "financial",
+    ("historial", "medico"): "health", ("dossier", "medical"): "health",
 }  # fmt: skip
+# Words that join the words of a name in other languages ("numero_de_tarjeta",
+# "code-de-securite"): left out when pairs are looked for.
+_CONNECTORS = frozenset({"de", "du", "des", "del", "della", "di", "da", "do", "dos", "das", "der", "die",
+                         "la", "le", "el", "van", "von"})
+# Letters that Unicode does not decompose into a base letter and a mark, and "ñ",
+# which is read as its sound: "niño" folded to "nino" would be the UK's NINO
+# (contraseña reads as the Catalan "contrasenya", which is listed).
+_UNDECOMPOSED = str.maketrans({"ñ": "ny", "Ñ": "NY", "ł": "l", "Ł": "L", "ø": "o", "Ø": "O", "æ": "ae", "Æ": "AE", "œ": "oe",
+                                "Œ": "OE", "ß": "ss", "đ": "d", "Đ": "D", "ı": "i"})
 
 # Every sensitive word, and every pair written run together ("accountnumber").
 _RUN_TOGETHER: dict[str, str] = {**{a + b: kind for (a, b), kind in _PAIR_CLASS.items()}, **_WORD_CLASS}
@@ -157,7 +226,13 @@ _NOT_PAYMENT_CARD = frozenset({
     "transport", "parking", "fidelity", "patient", "staff", "visitor", "key", "door",
 })  # fmt: skip
 # Words that make a name a payment card's whatever else it says ("customer[credit_card][number]").
-_PAYMENT_CARD_WORDS = frozenset({"credit", "debit", "cc", "cvv", "cvc", "csc", "cardholder", "creditcard"})
+_PAYMENT_CARD_WORDS = frozenset({"credit", "debit", "cc", "cvv", "cvc", "csc", "cardholder", "creditcard",
+                                 "credito", "debito", "bancaire", "kreditkarte"})
+# The same for card names in languages that put the kind after the card ("tarjeta_fidelidad").
+_NOT_PAYMENT_CARD_AFTER = frozenset({
+    "fidelidad", "fidelite", "fedelta", "socio", "membre", "miembro", "adherent", "sanitaria", "vitale",
+    "transporte", "estudiante", "etudiant", "studente", "cliente", "client", "biblioteca", "bibliotheque",
+})  # fmt: skip
 # Purposes a form named after a checkout may have besides taking the order: "checkoutSurvey",
 # "post-checkout-signup" are other forms; "checkout-billing" and "checkout-v2" are checkouts.
 _OTHER_PURPOSE = frozenset({
@@ -172,7 +247,15 @@ _SSN = re.compile(r"^(?!000|666)\d{3}-(?!00)\d{2}-(?!0000)\d{4}$")
 _IBAN = re.compile(r"^[A-Z]{2}\d{2}[A-Z0-9]{11,30}$")
 
 
+def _ascii_letters(name: str) -> str:
+    """`name` with its accents folded ("Contraseña" -> "Contrasena"), for names not in ASCII."""
+    decomposed = unicodedata.normalize("NFKD", name.translate(_UNDECOMPOSED))
+    return "".join(ch for ch in decomposed if not unicodedata.combining(ch))
+
+
 def _words(name: str) -> list[str]:
+    if not name.isascii():
+        name = _ascii_letters(name)
     lowered = name.lower()
     if lowered == name:  # nothing to split at case changes (most names; the splits cost 2 us)
         return _WORDS.findall(name)
@@ -188,7 +271,8 @@ def classify_field_name(name: str) -> str | None:
         found = _WORD_CLASS.get(word)
         if found:
             return found
-    for pair in zip(words, words[1:], strict=False):
+    joined = [word for word in words if word not in _CONNECTORS]
+    for pair in zip(joined, joined[1:], strict=False):
         found = _PAIR_CLASS.get(pair)
         if found:
             return found
@@ -303,7 +387,7 @@ def _names_payment_card(name: str) -> bool:
         return True
     if "card" in words and words.index("card") > 0 and words[words.index("card") - 1] in _NOT_PAYMENT_CARD:
         return False  # "loyalty_card_number", "id_card_number"; "guest_card_number" is a checkout's
-    if "captcha" in words:
+    if "captcha" in words or _NOT_PAYMENT_CARD_AFTER.intersection(words):
         return False
     if "on" in words and "name" in words:  # "name on card", not "name on badge"
         return "card" in words or "nameoncard" in "".join(words)

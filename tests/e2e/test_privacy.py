@@ -485,6 +485,30 @@ async def test_privacy_floor_reads_run_together_names_and_multi_token_types(
         assert secret not in dump
 
 
+async def test_privacy_floor_reads_names_in_other_languages(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await started(nursery, tmp_path)
+    forms = [
+        form("alta", "registro", {"nombre": "Ana", "contraseña": "clave-secreta-1", "niño": "Pablo",
+                                  "acepto_tratamiento_de_datos": "si"}),
+        form("compte", "profil", {"prénom": "Léa", "mot_de_passe": "motsecret-2",
+                                  "numéro de sécurité sociale": "secu-2850178", "compte_bancaire": "rib-30004"}),
+        form("pago", "pedido", {"correo": EMAIL, "numero_de_tarjeta": "tarjeta-4111"}),
+        form("socio", "club", {"nombre": "Ana", "numero_tarjeta_fidelidad": "fidelidad-778"}),
+    ]
+    body = (await server.client.post("/v1/events", json={"events": forms}, headers=ACME)).json()
+    dropped = {e["eid"]: e["reason"] for e in body["errors"] if e["error"] == "dropped"}
+    assert dropped == {"pago": "checkout_form"}
+    stored = await stored_events(server)
+    assert stored["alta"]["event"]["privacyWithheld"] == {"contraseña": "secret"}  # type: ignore[index]
+    assert set(stored["alta"]["event"]["values"]) == {"nombre", "niño", "acepto_tratamiento_de_datos"}  # type: ignore[index]
+    assert stored["compte"]["event"]["privacyWithheld"] == {  # type: ignore[index]
+        "compte_bancaire": "financial", "mot_de_passe": "secret", "numéro de sécurité sociale": "government_id"}
+    assert stored["socio"]["event"]["privacyWithheld"] == {"numero_tarjeta_fidelidad": "payment"}  # type: ignore[index]
+    dump = json.dumps(stored, ensure_ascii=False)
+    for secret in ("clave-secreta-1", "motsecret-2", "secu-2850178", "rib-30004", "tarjeta-4111", "fidelidad-778"):
+        assert secret not in dump
+
+
 async def test_sealed_at_rest_and_the_audited_reveal(nursery: trio.Nursery, tmp_path: Path) -> None:
     server = await started(nursery, tmp_path)
     events = [form("contact", "contact", {"email": EMAIL, "message": "hello there"}), identify("who")]

@@ -62,6 +62,16 @@ def decode(**fields: object) -> AnyEvent:
         ("nhsNumber", "health"), ("medicareNumber", "health"), ("bloodGroup", "health"), ("surgery", "health"),
         ("acctNumber", "financial"), ("accNo", "financial"), ("cc_no", "payment"), ("expMonth", "payment"),
         ("pin", "secret"), ("securityAnswer", "secret"), ("verificationCode", "secret"), ("twoFactorCode", "secret"),
+        # other languages: accents folded, connecting words skipped between a pair's words
+        ("contraseña", "secret"), ("confirmarContraseña", "secret"), ("mot_de_passe", "secret"),
+        ("motDePasse", "secret"), ("Passwort", "secret"), ("senha", "secret"), ("hasło", "secret"),
+        ("HASŁO", "secret"), ("şifre", "secret"), ("lösenord", "secret"), ("codigo_de_verificacion", "secret"),
+        ("numero_de_tarjeta", "payment"), ("numéro de carte", "payment"), ("código de seguridad", "payment"),
+        ("cryptogramme", "payment"), ("Kreditkartennummer", "payment"), ("numero_cartao", "payment"),
+        ("pasaporte", "government_id"), ("codice_fiscale", "government_id"), ("Steuernummer", "government_id"),
+        ("numéro de sécurité sociale", "government_id"), ("numero_seguro_social", "government_id"),
+        ("kontonummer", "financial"), ("numero_de_cuenta", "financial"), ("compte_bancaire", "financial"),
+        ("diagnóstico", "health"), ("alergias", "health"), ("Krankheit", "health"), ("embarazada", "health"),
     ],
 )
 def test_sensitive_field_names(name: str, kind: str) -> None:
@@ -77,7 +87,11 @@ def test_sensitive_field_names(name: str, kind: str) -> None:
      "settings", "archive", "footprint", "continue", "database", "paidNumber", "URLPath", "XMLHttpRequest",
      "postcode", "countrycode", "invoiceNumber", "accountType", "impatient", "cardnotes",
      "healthcareExperience", "bestphonetime", "oneTimeDonation", "onetimegift", "biomedical", "healthy",
-     "pincode"],
+     "pincode",
+     # other languages' ordinary fields, and words left out because they also mean something ordinary
+     "nombre", "apellido", "correo", "telefono", "numero_de_telefono", "numéro de téléphone", "Telefonnummer",
+     "Straße", "código_postal", "fecha_de_nacimiento", "numero_pedido", "niño", "NIÑO",
+     "acepto_tratamiento_de_datos", "consentement_traitement", "parola_chiave", "diagnostic_info"],
 )
 def test_ordinary_field_names(name: str) -> None:
     assert classify_field_name(name) is None
@@ -242,7 +256,9 @@ def test_the_nearest_compound_selector_that_says_decides(selector: str, checkout
     ("name", "checkout"),
     [("customer[credit_card][number]", True), ("guest_card_number", True), ("guest_card_cvc", True),
      ("customer_card_number", True), ("card_number_id", True), ("loyalty_card_number", False),
-     ("id_card_number", False), ("name_on_badge", False), ("security_code_captcha", False)],
+     ("id_card_number", False), ("name_on_badge", False), ("security_code_captcha", False),
+     ("numero_de_tarjeta", True), ("numero_tarjeta_credito", True), ("numero_tarjeta_fidelidad", False),
+     ("numero_carte_etudiant", False)],
 )
 def test_a_card_field_makes_a_checkout_unless_it_is_another_kind_of_card(name: str, checkout: bool) -> None:
     from collector.ingest.privacy import Form, apply_form_floor
