@@ -33,7 +33,7 @@ import msgspec
 import trio
 
 from storage import idempotency, outbox, replay
-from storage.errors import UNREADABLE_RECORD, StorageError
+from storage.errors import UNREADABLE_RECORD, StorageError, StorageFull
 from storage.writer import GroupCommitWriter, WriteContext
 
 log = logging.getLogger("collector.retention")
@@ -240,14 +240,29 @@ async def run_retention(
     again next interval: retention never takes the server down.
     """
     task_status.started()
+    full_batch = sweep.batch
     while True:
         try:
             result: SweepResult = await writer.submit(sweep)
+        except StorageFull as exc:
+            sweep.count_outcome(None)
+            if sweep.batch > 1:
+                # Deleting copies the pages it changes, so on a full map a big sweep
+                # can lack the pages a small one finds: try smaller at once, for the
+                # sweep is what makes room.
+                sweep.batch = max(1, sweep.batch // 10)
+                log.warning("retention sweep not committed (%s): trying again with batches of %d", exc, sweep.batch)
+                await trio.sleep(pause_s)
+                continue
+            log.warning("retention sweep not committed, next try in %g s: %s", interval_s, exc)
+            await trio.sleep(interval_s)
+            continue
         except StorageError as exc:
-            log.warning("retention sweep not committed, next try in %.0f s: %s", interval_s, exc)
+            log.warning("retention sweep not committed, next try in %g s: %s", interval_s, exc)
             sweep.count_outcome(None)
             await trio.sleep(interval_s)
             continue
+        sweep.batch = min(full_batch, sweep.batch * 10)  # back to full size step by step
         sweep.count_outcome(result)
         if result.outbox_removed or result.idempotency_removed or result.replay_removed:
             log.info(

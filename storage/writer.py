@@ -144,7 +144,8 @@ class GroupCommitWriter:
         # commits without it; an LMDB error aborts, and the group is redone
         # without it. Either way the admissions never fail because of it.
         self.at_commit: AtCommit | None = None
-        self.healthy = True  # False from a failed commit until the next good one
+        self.healthy = True  # False from a failed commit until the next one that stores something
+        self._proved_writable = False
         self._stats = dict.fromkeys(
             (
                 "transactions",
@@ -258,7 +259,8 @@ class GroupCommitWriter:
                 pending.remove(outcome)
                 self._deliver([outcome])
                 continue
-            self.healthy = True
+            if self._proved_writable:
+                self.healthy = True
             self._stats["transactions"] += 1
             self._stats["last_group_size"] = len(pending)
             if self._on_commit is not None:
@@ -309,6 +311,11 @@ class GroupCommitWriter:
                 except Exception:
                     # It decides before it writes, so it wrote nothing.
                     log.exception("in-transaction consumer failed; the group commits without it")
+            # Only a commit that stored something proves the directory writable
+            # again: one of duplicates only, or of deletions, writes no new page.
+            self._proved_writable = ctx.next_seq != first_seq or any(
+                getattr(ticket.job, "proves_writable", False) for ticket in pending
+            )
             if ctx.next_seq != first_seq:
                 txn.put(NEXT_SEQ, ctx.next_seq.to_bytes(8, "big"), db=self.storage.dbs.meta)
             txn.commit()

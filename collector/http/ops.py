@@ -10,6 +10,7 @@ anything these routes need. GET and HEAD; any other method is 405 with
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -31,6 +32,7 @@ from collector.services import Services
 from storage.errors import StorageError
 from storage.writer import WriteContext
 
+_PROBE_KEY = b"ready_probe"
 _PROBE_VALUE = bytes(1024 * 1024)
 _METRICS_CONTENT_TYPE = (b"content-type", b"text/plain; version=0.0.4")
 _READY = b'{"status":"ready"}'
@@ -119,16 +121,27 @@ class _ProbeWrite:
     """A write job that proves a commit with room for a large batch can be made.
 
     It stores a megabyte (a 25-event batch of the largest events is about 3 MB,
-    a typical one 10 KB) and deletes it in the same transaction: the pages are
-    allocated, so a map at its cap fails here, and nothing stays behind. Solo:
+    a typical one 10 KB), committed, so its pages are written: a map at its cap,
+    a file that may not grow (a file-size limit, a quota, a full disk) or a
+    failing disk fails here. (Stored and deleted in one transaction, the pages
+    were never written, and the probe passed while every batch failed.) Solo:
     in a transaction of its own, so its failure never fails an admission.
     """
 
     solo = True
+    proves_writable = True
 
     def run(self, ctx: WriteContext) -> None:
-        ctx.txn.put(b"ready_probe", _PROBE_VALUE, db=ctx.dbs.meta)
-        ctx.txn.delete(b"ready_probe", db=ctx.dbs.meta)
+        ctx.txn.put(_PROBE_KEY, _PROBE_VALUE, db=ctx.dbs.meta)
+
+
+class _ProbeCleanup:
+    """Deletes the probe's megabyte, in a transaction after the probe's."""
+
+    solo = True
+
+    def run(self, ctx: WriteContext) -> None:
+        ctx.txn.delete(_PROBE_KEY, db=ctx.dbs.meta)
 
 
 async def _commit_probe(services: Services) -> bool:
@@ -140,4 +153,7 @@ async def _commit_probe(services: Services) -> bool:
             await services.writer.submit(_ProbeWrite())
         except StorageError:
             return False
+        # (should it fail: a megabyte left in meta, which the next probe reuses)
+        with contextlib.suppress(StorageError):
+            await services.writer.submit(_ProbeCleanup())
     return True

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,41 @@ async def test_a_map_at_its_cap_is_not_ready_and_is_not_counted_as_growth(
     assert ready.status_code == 503, ready.text
     metrics = (await server.client.get("/metrics")).text
     assert "collector_lmdb_map_growths 0.0" in metrics
+
+
+@pytest.fixture
+def file_size_limit() -> Iterator[Callable[[int], None]]:
+    """Sets this process's file size limit (RLIMIT_FSIZE; Python ignores SIGXFSZ, so a
+    write past it fails with EFBIG, as under a quota or a file-size ulimit)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    try:
+        yield lambda size: resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+async def test_a_data_file_that_may_not_grow_is_not_ready(
+    nursery: trio.Nursery, tmp_path: Path, file_size_limit: Callable[[int], None]
+) -> None:
+    # helper-77: the probe stored and deleted its megabyte in one transaction, which
+    # writes no page, and a commit of duplicates alone made the writer healthy again:
+    # /readyz said 200 while every new event got 503.
+    server = await start_server(nursery, tmp_path)
+    first = await server.client.post("/v1/events", json=pageview("before"), headers=H)
+    assert first.status_code == 202, first.text
+    events = [pageview(f"big-{i}", type="custom", name="n", label="x" * 4000) for i in range(25)]
+    file_size_limit((server.data_dir / "data.mdb").stat().st_size)
+    refused = await server.client.post("/v1/events", json={"events": events}, headers=H)
+    assert (refused.status_code, refused.json()["error"]) == (503, "storage_unavailable"), refused.text
+    assert (await server.client.get("/readyz")).status_code == 503
+    duplicate = await server.client.post("/v1/events", json=pageview("before"), headers=H)
+    assert duplicate.json()["duplicates"] == 1, duplicate.text
+    assert (await server.client.get("/readyz")).status_code == 503
+    file_size_limit(resource.RLIM_INFINITY)
+    assert (await server.client.get("/readyz")).status_code == 200
+    again = await server.client.post("/v1/events", json={"events": events}, headers=H)
+    assert again.json()["accepted"] == 25, again.text
+    assert len(await outbox_dump(server.data_dir)) == 26
 
 
 def test_no_new_data_directory_on_a_full_disk(small_disk: Path, tmp_path: Path) -> None:

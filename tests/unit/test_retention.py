@@ -12,7 +12,7 @@ import trio
 from storage import idempotency, outbox, replay
 from storage.check import check
 from storage.env import Storage
-from storage.errors import StorageFull
+from storage.errors import StorageError, StorageFull
 from storage.retention import (
     IDEM_SWEEP_POS,
     RETAINED_FROM,
@@ -163,16 +163,24 @@ def test_records_whose_strings_are_not_utf8_are_stepped_over_by_every_sweep(stor
 class FakeWriter:
     """Runs each submitted job at once in its own transaction, at a wall time that follows trio's clock."""
 
-    def __init__(self, storage: Storage, fail_at: frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self, storage: Storage, fail_at: frozenset[int] = frozenset(), largest_sweep: int | None = None
+    ) -> None:
         self.storage = storage
         self.fail_at = fail_at
+        self.largest_sweep = largest_sweep  # a full map: a sweep of larger batches cannot commit
         self.calls: list[float] = []
+        self.batches: list[int] = []
 
     async def submit(self, job: WriteJob) -> Any:
         await trio.lowlevel.checkpoint()
         self.calls.append(trio.current_time())
+        if isinstance(job, RetentionSweep):
+            self.batches.append(job.batch)
+            if self.largest_sweep is not None and job.batch > self.largest_sweep:
+                raise StorageFull("the data directory is full")
         if len(self.calls) in self.fail_at:
-            raise StorageFull("the data directory is full")
+            raise StorageError("commit failed: Input/output error")
         return run_job_now(
             self.storage, job, now_ms=NOV + 2 * DAY + int(trio.current_time() * 1000)
         )
@@ -212,6 +220,21 @@ async def test_loop_survives_a_failed_sweep(storage: Storage, autojump_clock: An
     assert writer.calls == [0, 60]
     stats = sweep.statistics()
     assert (stats.sweeps, stats.failures, stats.outbox_removed) == (1, 1, 1)
+
+
+async def test_on_a_full_map_smaller_sweeps_make_the_room(storage: Storage, autojump_clock: Any) -> None:
+    # helper-77: a sweep of 5,000 deletions could lack the pages one of 50 finds (deleting
+    # copies the pages it changes); it failed every interval and the node stayed full.
+    admit(storage, [f"e{i}" for i in range(120)], now_ms=NOV)
+    writer = FakeWriter(storage, largest_sweep=50)
+    sweep = RetentionSweep(DAY, 30 * DAY)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(partial(run_retention, interval_s=60), writer, sweep)
+        await trio.sleep(5)
+        nursery.cancel_scope.cancel()
+    assert outbox_eids(storage) == []
+    assert writer.batches[:4] == [5000, 500, 50, 500]  # smaller at once, then back up step by step
+    assert max(writer.calls) < 5
 
 
 def test_sweep_result_is_a_struct() -> None:
