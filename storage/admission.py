@@ -39,6 +39,9 @@ class Candidate(msgspec.Struct, frozen=True):
     # What the previous version hashed the same content to, when it differs: a
     # stored record with it is this content too (a retry across the upgrade).
     legacy_hash: bytes | None = None
+    # Older versions' hashes of the same content, asked for only when a stored
+    # record matches neither hash above (they cost an encoding to work out).
+    older_hashes: Callable[[], tuple[bytes, ...]] | None = None
     # A pageview's or scroll's page fact: stored as the outbox record's last
     # fact, only on those records (see storage.outbox.OutboxRecord.page).
     page: tuple[str, str, float, float] | None = None
@@ -101,6 +104,13 @@ def _readable_ledger(raw: bytes | memoryview, key: bytes) -> idempotency.Idempot
     except UNREADABLE_RECORD as exc:
         log.error("idempotency record %r does not decode (%s): the event is taken as new", bytes(key)[:80], exc)
         return None
+
+
+def _same_content(stored_hash: bytes, cand: Candidate) -> bool:
+    """The stored record is of this candidate's content, hashed by this version or an earlier one."""
+    if stored_hash in (cand.content_hash, cand.legacy_hash):
+        return True
+    return cand.older_hashes is not None and stored_hash in cand.older_hashes()
 
 
 class Admission:
@@ -184,7 +194,7 @@ class Admission:
                 record = _readable_ledger(raw, key) if raw is not None else None
                 if record is not None and not idempotency.live(record, now_ms, self.window_ms):
                     record = None
-            if record is not None and record.content_hash in (cand.content_hash, cand.legacy_hash):
+            if record is not None and _same_content(record.content_hash, cand):
                 # An exact replay is a duplicate (spec 4.1 rule 4), even of an
                 # identify stored before its visitor denied identity resolution.
                 first_in_batch[key] = index

@@ -37,7 +37,7 @@ import msgspec
 
 from collector.errors import ServiceError
 from collector.http.edge_body import content_identities, decode_translated
-from collector.ingest.schema import Consent
+from collector.ingest.validate import CONSENT_FIELDS
 
 
 class ConsentBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -49,9 +49,7 @@ class ConsentBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 _decoder = msgspec.json.Decoder(ConsentBody)
-# The fields of a consent object (spec 2.2), as the schema has them. `consent` stays a map rather than a
-# Struct: its encoding is the content identity that retries are matched by.
-CONSENT_FIELDS = frozenset(field.encode_name for field in msgspec.structs.fields(Consent))
+# (`consent` stays a map rather than a Struct: its encoding is the content identity that retries are matched by.)
 _encoder = msgspec.json.Encoder()
 
 

@@ -8,7 +8,7 @@ one function; nothing is stored unless the admission commits.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 
 import msgspec
@@ -45,6 +45,7 @@ from collector.ingest.model import (
     MeterKind,
     PreparedBatch,
 )
+from collector.ingest.number_forms import hashes_before_int_numbers
 from collector.limits.rates import ingest_scope
 from collector.limits.usage import (
     COVERAGE_UNIT,
@@ -360,7 +361,7 @@ def _candidate(client_id: str, site_id: str, ev: AcceptedEvent) -> Candidate:
     if state is None:
         return Candidate(
             ev.eid, ev.content_hash, ev.stored, _UNIT_OF[ev.meter], *facts,
-            legacy_hash=ev.legacy_hash, page=ev.page,
+            legacy_hash=ev.legacy_hash, older_hashes=_older_hashes(ev), page=ev.page,
         )
     return Candidate(
         ev.eid,
@@ -374,7 +375,13 @@ def _candidate(client_id: str, site_id: str, ev: AcceptedEvent) -> Candidate:
             identity_at_ms=state.identity_at_ms,
         ),
         legacy_hash=ev.legacy_hash,
+        older_hashes=_older_hashes(ev),
     )
+
+
+def _older_hashes(ev: AcceptedEvent) -> Callable[[], tuple[bytes, ...]] | None:
+    """Admission works them out only if a stored record matches neither current hash."""
+    return partial(hashes_before_int_numbers, ev.hashed_event) if ev.hashed_event is not None else None
 
 
 def _current_usage(services: Services, policy: UsagePolicy, period: str) -> UsageSnapshot:

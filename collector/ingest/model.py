@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from collector.ingest.schema import AnyEvent
+
 if TYPE_CHECKING:
     from collector.ingest.bots import BotClassifier, RequestEvidence
     from collector.ingest.consent import ConsentState
@@ -66,6 +68,10 @@ class AcceptedEvent(msgspec.Struct, frozen=True):
     # keys inside free-form maps were not sorted): admission takes a stored
     # record with either hash as the same content.
     legacy_hash: bytes | None = None
+    # The event as hashed (before enrichment): from it, the hashes versions before
+    # 2026-11-25 gave it (numbers as floats) are worked out, only when a stored
+    # record matches neither hash (see ingest.number_forms).
+    hashed_event: AnyEvent | None = None
     # A pageview's or scroll's (sessionId, page path, depth percent, timeOnPage
     # ms; 0, 0 for a pageview): the visitor projection derives each page's
     # scroll depth and time on page from them (spec 2.3).

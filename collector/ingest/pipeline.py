@@ -70,7 +70,10 @@ _EMPTY_EID = len(b'{"eid":""')
 
 def _issue_from(error: msgspec.ValidationError) -> EventIssue:
     message, _, where = str(error).partition(" - at `")
-    return EventIssue(where.rstrip("`") or "$", message)
+    path = where.rstrip("`")
+    if path.startswith("key` in `"):  # a map's key: "... - at `key` in `$.values`"
+        return EventIssue(path.removeprefix("key` in `"), f"a key: {message}")
+    return EventIssue(path or "$", message)
 
 
 def decode_json(body: bytes) -> object:
@@ -199,7 +202,9 @@ def _verdict(event: AnyEvent, ctx: IngestContext) -> BotInfo:
 def _page_fact(event: AnyEvent) -> tuple[str, str, float, float] | None:
     """The page a pageview opens or a scroll reports on, with the scroll's figures (see AcceptedEvent)."""
     if isinstance(event, Scroll):
-        depth, time_on_page = event.depth, event.timeOnPage
+        # (as floats: msgpack holds no integer past 2**64; a negative time, a client's
+        # measuring fault, is no time)
+        depth, time_on_page = float(event.depth), max(0.0, float(event.timeOnPage))
     elif isinstance(event, Pageview):
         depth = time_on_page = 0.0
     else:
@@ -445,6 +450,8 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
                 visitor_id=to_store.visitorId,
                 event_ms=int(event.timestamp),
                 legacy_hash=legacy_hash,
+                # (a translated route hashes its request, whose numbers were never floats)
+                hashed_event=event if ctx.content_identity is None else None,
                 page=_page_fact(event),
             )
         )

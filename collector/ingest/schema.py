@@ -16,15 +16,24 @@ from msgspec import Meta
 
 Id128 = Annotated[str, Meta(min_length=1, max_length=128)]
 Number = int | float
-Percent = Annotated[float, Meta(ge=0, le=100)]
-Unit = Annotated[float, Meta(ge=0, le=1)]
-NonNegative = Annotated[float, Meta(ge=0)]
+# A number keeps the form it was sent in: 1280 is stored as 1280, 0.5 as 0.5. (A
+# constraint needs a type of its own on each side of the union. Before 2026-11-25
+# these were floats, and 1280 was stored as 1280.0: see ingest/number_forms.py.)
+Percent = Annotated[int, Meta(ge=0, le=100)] | Annotated[float, Meta(ge=0, le=100)]
+Unit = Annotated[int, Meta(ge=0, le=1)] | Annotated[float, Meta(ge=0, le=1)]
+# A size or a duration: any number, as the spec has it ("number"): a negative one is
+# a client's measuring fault (loadEventEnd read before the load event) and costs no
+# pageview. A whole number written out past int64 is refused (msgspec bounds
+# integer constraints to int64); 1e21 written so is a float and is kept.
+Measure = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] | float
+FileSize = Annotated[int, Meta(ge=0, le=100 * 1024 * 1024)] | Annotated[float, Meta(ge=0, le=100 * 1024 * 1024)]
+FieldCount = Annotated[int, Meta(ge=0, le=1000)] | Annotated[float, Meta(ge=0, le=1000)]
 Platform = Literal["web", "ios", "android", "react-native", "server"]
 
 
 class Size(msgspec.Struct, frozen=True):
-    width: NonNegative
-    height: NonNegative
+    width: Measure
+    height: Measure
 
 
 class Automation(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -43,7 +52,7 @@ class Device(msgspec.Struct, frozen=True, omit_defaults=True):
     gpuVendor: Annotated[str, Meta(max_length=256)] | None = None
     gpuRenderer: Annotated[str, Meta(max_length=512)] | None = None
     connectionType: Annotated[str, Meta(max_length=64)] | None = None
-    pixelRatio: NonNegative | None = None
+    pixelRatio: Measure | None = None
     timezone: Annotated[str, Meta(max_length=64)] | None = None
     language: Annotated[str, Meta(max_length=64)] | None = None
     platform: Annotated[str, Meta(max_length=128)] | None = None
@@ -64,6 +73,24 @@ class Consent(msgspec.Struct, frozen=True, omit_defaults=True):
     timestamp: Number | None = None
 
 
+class EventConsent(Consent, frozen=True, omit_defaults=True):
+    """An event's consent object. It also reads the spellings of its fields that SDKs
+    get wrong, only to refuse them (validate.check_event): dropped as unknown
+    fields, an `identity_resolution: false` would store identity data its visitor
+    refused. (Read here, they cost a request nothing when absent.)"""
+
+    identity_resolution: bool | None = None
+    identity_resolution_kebab: bool | None = msgspec.field(default=None, name="identity-resolution")
+    identity_resolution_pascal: bool | None = msgspec.field(default=None, name="IdentityResolution")
+    identity_resolution_lower: bool | None = msgspec.field(default=None, name="identityresolution")
+    identity_resolution_upper: bool | None = msgspec.field(default=None, name="IDENTITY_RESOLUTION")
+    third_party_sharing: bool | None = None
+    third_party_sharing_kebab: bool | None = msgspec.field(default=None, name="third-party-sharing")
+    third_party_sharing_pascal: bool | None = msgspec.field(default=None, name="ThirdPartySharing")
+    third_party_sharing_lower: bool | None = msgspec.field(default=None, name="thirdpartysharing")
+    third_party_sharing_upper: bool | None = msgspec.field(default=None, name="THIRD_PARTY_SHARING")
+
+
 class Event(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True, tag_field="type"):
     visitorId: Id128
     sessionId: Id128
@@ -71,13 +98,13 @@ class Event(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True, tag_f
     eid: Id128 | None = msgspec.field(default=None, name="_eid")
     page: Page | None = None  # required except for _consent_transition (checked in validate)
     device: Device | None = None
-    consent: Consent | None = None
+    consent: EventConsent | None = None
 
 
 class Performance(msgspec.Struct, frozen=True, omit_defaults=True):
-    loadTime: NonNegative | None = None
-    domContentLoaded: NonNegative | None = None
-    firstContentfulPaint: NonNegative | None = None
+    loadTime: Measure | None = None
+    domContentLoaded: Measure | None = None
+    firstContentfulPaint: Measure | None = None
 
 
 class Pageview(Event, tag="pageview", frozen=True):
@@ -93,10 +120,10 @@ class Element(msgspec.Struct, frozen=True, omit_defaults=True):
     pageY: Number | None = None
     normX: Unit | None = None
     normY: Unit | None = None
-    viewportWidth: NonNegative | None = None
-    viewportHeight: NonNegative | None = None
-    docWidth: NonNegative | None = None
-    docHeight: NonNegative | None = None
+    viewportWidth: Measure | None = None
+    viewportHeight: Measure | None = None
+    docWidth: Measure | None = None
+    docHeight: Measure | None = None
 
 
 class Click(Event, tag="click", frozen=True):
@@ -105,23 +132,24 @@ class Click(Event, tag="click", frozen=True):
 
 class Scroll(Event, tag="scroll", frozen=True):
     depth: Percent
-    timeOnPage: NonNegative
+    timeOnPage: Measure
 
 
 class FileMeta(msgspec.Struct, frozen=True, omit_defaults=True):
     name: Annotated[str, Meta(max_length=256)]
     field: Annotated[str, Meta(max_length=256)] | None = None
-    size: Annotated[int, Meta(ge=0, le=100 * 1024 * 1024)] | None = None
+    size: FileSize | None = None
     type: Annotated[str, Meta(max_length=128)] | None = None
 
 
-UUID_PATTERN = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+# (\Z, not $: msgspec searches with re, where $ also matches before a final newline)
+UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\Z"
 
 
 class Form(Event, tag="form", frozen=True):
     action: Literal["focus", "blur", "submit", "abandon"]
     formId: Annotated[str, Meta(min_length=1, max_length=256)]
-    fieldCount: Annotated[int, Meta(ge=0, le=1000)]
+    fieldCount: FieldCount
     form_selector: Annotated[str, Meta(max_length=512)] | None = None
     raw_fields: Annotated[str, Meta(max_length=4096)] | None = None
     detected_name: bool | None = None
@@ -143,8 +171,8 @@ class Custom(Event, tag="custom", frozen=True):
 
 
 class Identify(Event, tag="identify", frozen=True):
-    hem: Annotated[str, Meta(pattern="^[0-9a-f]{64}$")]
-    hemMd5: Annotated[str, Meta(pattern="^[0-9a-f]{32}$")] | None = None
+    hem: Annotated[str, Meta(pattern=r"^[0-9a-f]{64}\Z")]
+    hemMd5: Annotated[str, Meta(pattern=r"^[0-9a-f]{32}\Z")] | None = None
     rawEmail: Annotated[str, Meta(max_length=320)] | None = None
     rawPhone: Annotated[str, Meta(max_length=64)] | None = None
     identity: dict[str, Any] | None = None

@@ -13,16 +13,28 @@ from urllib.parse import urlsplit
 import msgspec
 
 from collector.ingest.model import EventIssue
-from collector.ingest.schema import AnyEvent, ConsentTransition, Device, Form, Identify, Page
+from collector.ingest.schema import (
+    AnyEvent,
+    Consent,
+    ConsentTransition,
+    Device,
+    EventConsent,
+    Form,
+    Identify,
+    Page,
+)
 
 URL_MAX = 2048
 TITLE_MAX = 512
+USER_AGENT_MAX = 512  # spec 2.2: longer is rejected, not truncated (schema.Device)
 NATIVE = frozenset({"ios", "android", "react-native", "server"})
 
 
 def rewrite_platform(event: AnyEvent, key_type: str) -> AnyEvent:
     """Spec 2.4: the collector stamps clientPlatform by key type before validation."""
     device = event.device
+    if device is None and not isinstance(event, ConsentTransition):
+        return event  # required (spec 2.2): check_event refuses it, whatever the key
     declared = device.clientPlatform if device is not None else None
     if key_type == "server":
         wanted: str | None = "server"
@@ -62,17 +74,47 @@ def _web_url_issue(url: str | None) -> str | None:
     return _url_issue(url)
 
 
+# A URL as a browser gives it (location.href) holds no control character and no
+# space around it or in its host; urlsplit would take "http://local host/",
+# "http://\x00/" or a leading space without a word. (A space in a path or query,
+# which a browser percent-encodes, is let through: an SDK may build the URL itself.)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def _url_issue(url: str) -> str | None:
+    if _CONTROL.search(url):
+        return "page.url holds a control character: percent-encode it"
+    if url != url.strip(" "):
+        return "page.url starts or ends with a space"
     try:
         parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises ValueError for a port that is not 0-65535)
     except ValueError:
         return "page.url does not parse as a URL"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if parts.scheme not in ("http", "https") or not parts.hostname or " " in parts.netloc:
         return "page.url must be an http(s) URL with a host"
     return None
 
 
 _cached_url_issue = functools.lru_cache(maxsize=1024)(_url_issue)
+
+
+# The fields of a consent object (spec 2.2).
+CONSENT_FIELDS = frozenset(field.encode_name for field in msgspec.structs.fields(Consent))
+# The misspellings schema.EventConsent reads, with the spelling meant.
+_MISSPELT_CONSENT = tuple(
+    (field.name, field.encode_name, "identityResolution" if "identity" in field.name else "thirdPartySharing")
+    for field in msgspec.structs.fields(EventConsent)
+    if field.encode_name not in CONSENT_FIELDS
+)
+
+
+def _misspelt_consent(consent: EventConsent) -> list[EventIssue]:
+    return [
+        EventIssue(f"$.consent.{wire}", f"`{wire}` is not a consent field: write `{meant}`")
+        for name, wire, meant in _MISSPELT_CONSENT
+        if getattr(consent, name) is not None
+    ]
 
 
 # Built once: msgspec.json.decode(..., type=dict[str, str]) builds the type on every call.
@@ -83,6 +125,8 @@ def check_event(event: AnyEvent) -> tuple[AnyEvent, list[EventIssue]]:
     """The event with truncation applied, and the issues that reject it (if any)."""
     issues: list[EventIssue] = []
     device = event.device
+    if event.consent is not None:
+        issues += _misspelt_consent(event.consent)
     if isinstance(event, ConsentTransition):
         if event.consent is None:
             issues.append(EventIssue("$.consent", "a _consent_transition event needs consent"))

@@ -391,6 +391,49 @@ async def test_key_order_inside_form_values_and_identity_is_not_content(server: 
         assert refused.json()["error"] == "idempotency_conflict"
 
 
+async def test_numbers_are_stored_as_written_and_old_float_records_still_match(server: RunningServer) -> None:
+    scroll = pageview("numbers", type="scroll", depth=50, timeOnPage=1200)
+    response = await post(server, scroll)
+    assert response.json()["accepted"] == 1, response.text
+    stored = (await outbox_dump(server.data_dir))[0]["event"]
+    assert (stored["depth"], stored["timeOnPage"], stored["device"]["viewport"]) == (
+        50, 1200, {"width": 1280, "height": 800})
+    assert isinstance(stored["depth"], int) and isinstance(stored["device"]["viewport"]["width"], int)
+    # Versions before 2026-11-25 stored and hashed those numbers as floats (1280.0), as
+    # this version does an event that writes them so: a retry written with whole
+    # numbers is a duplicate of such a record, not a conflict.
+    as_floats = pageview("old-record", type="scroll", depth=50.0, timeOnPage=1200.0,
+                         device={**scroll["device"], "viewport": {"width": 1280.0, "height": 800.0}})  # type: ignore[dict-item]
+    first = await post(server, as_floats)
+    assert first.json()["accepted"] == 1, first.text
+    retry = await post(server, {**scroll, "_eid": "old-record"})
+    assert (retry.status_code, retry.json()["duplicates"]) == (202, 1), retry.text
+    assert retry.json()["receiptIds"] == first.json()["receiptIds"]
+    changed = await post(server, {**scroll, "_eid": "old-record", "depth": 75})
+    assert changed.json()["error"] == "idempotency_conflict"
+    assert [row["eid"] for row in await outbox_dump(server.data_dir)] == ["numbers", "old-record"]
+
+
+async def test_values_the_schema_let_through_are_refused_per_event_and_not_stored(server: RunningServer) -> None:
+    # helper-81: each of these was accepted and stored as sent.
+    bad = [
+        pageview("hem-newline", type="identify", hem="a" * 64 + "\n"),
+        pageview("misspelt-consent", consent={"analytics": True, "identity_resolution": False}),
+        pageview("host-with-space", page={"url": "http://acme .com/", "path": "/", "title": "t"}),
+        pageview("control-in-url", page={"url": "https://acme.com/\u0000", "path": "/", "title": "t"}),
+    ]
+    response = await post(server, {"events": [pageview("fine"), *bad]})
+    assert response.status_code == 202, response.text
+    errors = {e["eid"]: e["issues"][0]["path"] for e in response.json()["errors"]}
+    assert errors == {"hem-newline": "$.hem", "misspelt-consent": "$.consent.identity_resolution",
+                      "host-with-space": "$.page.url", "control-in-url": "$.page.url"}
+    native = pageview("no-device", page={"path": "Home", "title": "Home"})
+    del native["device"]
+    response = await post(server, native, headers={"X-API-Key": MOBILE_KEY, "Content-Type": "application/json"})
+    assert (response.status_code, response.json()["error"]) == (400, "validation_error"), response.text
+    assert [row["eid"] for row in await outbox_dump(server.data_dir)] == ["fine"]
+
+
 async def test_edge_pageview(server: RunningServer) -> None:
     body = {"_eid": "edge-1", "visitorId": "v9", "sessionId": "s9", "url": "https://acme.com/blog/post?x=1",
             "title": "Post", "referrer": "https://news.example/"}

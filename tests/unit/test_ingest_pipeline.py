@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from collector.errors import RawErrorBody, ServiceError
 from collector.ingest import decompress_body, prepare_batch
 from collector.ingest.model import IngestContext, MeterKind
+from collector.ingest.number_forms import hashes_before_int_numbers
 from collector.ingest.payment import find_payment_data, looks_like_card
 from collector.ingest.sealing import FieldSealer
 
@@ -120,11 +121,51 @@ def test_every_type_is_accepted() -> None:
         ({"type": "custom", "name": "n", "label": "l" * 4097}, "$.label"),
         ({"type": "identify", "hem": "A" * 64}, "$.hem"),
         ({"type": "identify", "hem": "a" * 64, "hemMd5": "z" * 32}, "$.hemMd5"),
+        # a pattern's $ matched before a final newline, which was stored
+        ({"type": "identify", "hem": "a" * 64 + "\n"}, "$.hem"),
+        ({"type": "identify", "hem": "a" * 64, "hemMd5": "b" * 32 + "\n"}, "$.hemMd5"),
+        ({"type": "form", "action": "submit", "formId": "f", "fieldCount": 1,
+          "form_submission_id": "123e4567-e89b-12d3-a456-426614174000\n"}, "$.form_submission_id"),
+        # a web URL with a control character, a space around it or in its host, or no port a URL can have
+        ({"page": {"url": "http://local host/", "path": "/", "title": "t"}}, "$.page.url"),
+        ({"page": {"url": "http://\u0000/", "path": "/", "title": "t"}}, "$.page.url"),
+        ({"page": {"url": "https://acme.com/a\n", "path": "/", "title": "t"}}, "$.page.url"),
+        ({"page": {"url": " https://acme.com/", "path": "/", "title": "t"}}, "$.page.url"),
+        ({"page": {"url": "http://localhost:99999/", "path": "/", "title": "t"}}, "$.page.url"),
+        # a consent field spelt otherwise would be dropped unread: identity_resolution: false stored identity
+        ({"consent": {"analytics": True, "identity_resolution": False}}, "$.consent.identity_resolution"),
+        ({"consent": {"analytics": True, "ThirdPartySharing": False}}, "$.consent.ThirdPartySharing"),
+        # a map key over its limit names the map
+        ({"type": "form", "action": "submit", "formId": "f", "fieldCount": 1, "values": {"k" * 257: "v"}},
+         "$.values"),
+        # whole numbers keep their form, and one past int64 is refused, not stored
+        ({"type": "scroll", "depth": 5, "timeOnPage": 2**63}, "$.timeOnPage"),
     ],
 )
 def test_field_rules_reject(overrides: dict[str, object], path: str) -> None:
     error = refused(event(**overrides), "validation_error")
     assert any(d["path"].startswith(path) for d in error.extra["details"]), error.extra
+
+
+def test_messages_name_the_right_spelling_and_the_map() -> None:
+    consent = refused(event(consent={"analytics": True, "identity-resolution": False}), "validation_error")
+    assert consent.extra["details"][0]["message"] == "`identity-resolution` is not a consent field: write `identityResolution`"
+    key = refused(event(type="form", action="submit", formId="f", fieldCount=1, values={"k" * 257: "v"}),
+                  "validation_error")
+    assert key.extra["details"][0] == {"path": "$.values", "message": "a key: Expected `str` of length <= 256"}
+    # A consent map's other keys (a consent platform's own categories) are not the spec's and are not refused,
+    # nor is a page that talks about identity resolution.
+    fine = run(event(consent={"analytics": True, "marketing": False, "identityResolution": True},
+                     page={"url": "https://acme.com/", "path": "/", "title": "Identity resolution & third-party sharing"}))
+    assert fine.accepted and stored(fine)["consent"] == {"analytics": True, "identityResolution": True}
+
+
+def test_every_key_needs_a_device() -> None:
+    native = event(page={"path": "Home", "title": "Home"})
+    del native["device"]
+    for key_type in ("mobile", "server", "browser"):
+        error = refused(native, "validation_error", key_type=key_type)
+        assert "device" in error.extra["details"][0]["message"], key_type
 
 
 def test_page_fields_truncate_at_their_limits() -> None:
@@ -178,6 +219,67 @@ def test_content_hash_ignores_layout_and_server_override() -> None:
     b = prepare_batch(json.dumps(one, indent=3, sort_keys=True).encode(), ctx(now_ms=NOW + 60_000)).accepted[0].content_hash
     c = prepare_batch(json.dumps(event(timestamp=NOW - 10_000_001)).encode(), ctx()).accepted[0].content_hash
     assert a == b and a != c and len(a) == 16
+
+
+_DEVICE = {"userAgent": "UA", "viewport": {"width": 1280, "height": 720}, "screen": {"width": 2560, "height": 1440},
+           "fingerprintConfidence": 90, "pixelRatio": 2, "automation": {"score": 0, "webdriver": False}}
+_ENVELOPE = {"visitorId": "v", "sessionId": "s", "timestamp": 1764000000000, "_eid": "e",
+             "page": {"path": "/", "title": "T", "url": "https://a.example/"}, "device": _DEVICE}
+# Each event with a whole number in every field versions before 2026-11-25 decoded as a
+# float, and the hashes such a version gave it (computed by running that version's
+# pipeline: b551197): a retry of it across the upgrade must find them.
+_BEFORE_INT_NUMBERS = [
+    ({**_ENVELOPE, "type": "pageview",
+      "performance": {"loadTime": 1200, "domContentLoaded": 800, "firstContentfulPaint": 650}},
+     {"f1584cb8df675009d4c85c0811378da7"}),
+    ({**_ENVELOPE, "type": "click", "element": {
+        "selector": "a", "text": "Buy", "x": 10, "y": 20, "normX": 0, "normY": 1,
+        "viewportWidth": 1280, "viewportHeight": 720, "docWidth": 1280, "docHeight": 4000}},
+     {"fbb400fff2d9ff5cad00398afd470aa3"}),
+    ({**_ENVELOPE, "type": "scroll", "depth": 50, "timeOnPage": 1200}, {"35dee3e2382ee60f47fab4d2eb4f450a"}),
+    # a form: hashed with its values' keys sorted, and before that in the order sent
+    ({**_ENVELOPE, "type": "form", "action": "submit", "formId": "f", "fieldCount": 2, "completion_rate": 100,
+      "values": {"b": "2", "a": "1"}},
+     {"2b404ae7a8afbde790c6cd323b05f6f0", "022c68353e15a2855e7b602917b260d2"}),
+]
+
+
+@pytest.mark.parametrize(("sent", "previous"), _BEFORE_INT_NUMBERS)
+def test_whole_numbers_are_stored_as_sent_and_match_records_of_the_float_versions(
+    sent: dict[str, object], previous: set[str]
+) -> None:
+    accepted = run(sent).accepted[0]
+    row = json.loads(accepted.stored)
+    assert row["device"]["viewport"] == {"width": 1280, "height": 720}
+    assert b".0," not in accepted.stored and b".0}" not in accepted.stored, accepted.stored
+    assert accepted.hashed_event is not None
+    older = {digest.hex() for digest in hashes_before_int_numbers(accepted.hashed_event)}
+    assert older == previous
+    assert accepted.content_hash.hex() not in previous
+
+
+def test_fractions_stay_fractions_and_float_forms_have_no_older_hashes() -> None:
+    sent = {**_ENVELOPE, "type": "scroll", "depth": 50.5, "timeOnPage": 1200.25,
+            "device": {"userAgent": "UA", "viewport": {"width": 1280.5, "height": 720.0}}}
+    accepted = run(sent).accepted[0]
+    row = json.loads(accepted.stored)
+    assert (row["depth"], row["timeOnPage"], row["device"]["viewport"]) == (
+        50.5, 1200.25, {"width": 1280.5, "height": 720.0})
+    assert accepted.hashed_event is not None and hashes_before_int_numbers(accepted.hashed_event) == ()
+
+
+def test_sizes_and_durations_are_any_number_as_the_spec_has_them() -> None:
+    # A loadTime read before the load event is negative; the pageview was refused for it.
+    measured = run(event(performance={"loadTime": -1764000000000, "domContentLoaded": 812.5},
+                         device={"userAgent": "UA", "viewport": {"width": -1, "height": 0}}))
+    row = stored(measured)
+    assert row["performance"] == {"loadTime": -1764000000000, "domContentLoaded": 812.5}
+    assert row["device"]["viewport"] == {"width": -1, "height": 0}
+    scroll = run(event(type="scroll", depth=25, timeOnPage=-40)).accepted[0]
+    assert scroll.page is not None and scroll.page[2:] == (25.0, 0.0)  # no time, in the snapshot
+    form = run(event(type="form", action="submit", formId="f", fieldCount=3.0,
+                     files=[{"name": "a.pdf", "size": 1024.0}]))
+    assert (stored(form)["fieldCount"], stored(form)["files"]) == (3.0, [{"name": "a.pdf", "size": 1024.0}])
 
 
 def test_an_idempotency_key_is_trimmed_of_spaces_and_tabs_only() -> None:
