@@ -24,7 +24,7 @@ import msgspec
 from msgspec import Meta
 
 from collector.errors import ServiceError
-from collector.ingest.validate import TITLE_MAX, URL_MAX
+from collector.ingest.validate import TITLE_MAX, URL_MAX, USER_AGENT_MAX
 
 
 class EdgePageview(msgspec.Struct, frozen=True):
@@ -119,7 +119,15 @@ def edge_to_event(body: bytes, *, user_agent: str | None, now_ms: int, website_k
     page: dict[str, Any] = {"url": edge.url, "path": path, "title": edge.title or ""}
     if edge.referrer:
         page["referrer"] = edge.referrer
-    device: dict[str, Any] = {"userAgent": edge.userAgent or user_agent or "", "viewport": {"width": 0, "height": 0}}
+    device: dict[str, Any] = {"viewport": {"width": 0, "height": 0}}
+    # The body's userAgent, else the request's header (a relay's own user agent when
+    # it sends none); an all-space one is none. Left out when neither says anything.
+    agent = edge.userAgent if edge.userAgent and not edge.userAgent.isspace() else user_agent
+    if agent:
+        if agent is user_agent and len(agent) > USER_AGENT_MAX:
+            raise _invalid("User-Agent", f"the User-Agent header is over {USER_AGENT_MAX} characters (spec 2.2):"
+                                         " send the visitor's user agent as userAgent")
+        device["userAgent"] = agent
     if website_key:
         device["clientPlatform"] = "web"
     event: dict[str, Any] = {

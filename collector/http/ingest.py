@@ -162,7 +162,11 @@ async def _ingest(
         await run_pure(len(body), refuse_payment_data, body)
         if route == EDGE_ROUTE:
             body, page_url, content_identity, legacy_identity, sent_ip = edge_to_event(
-                body, user_agent=hdr.get("user-agent"), now_ms=now_ms, website_key=key_type == KeyType.BROWSER
+                body,
+                # (a header arrives read as Latin-1: a UTF-8 one is stored as its characters)
+                user_agent=utf8_header(agent) if (agent := hdr.get("user-agent")) is not None else None,
+                now_ms=now_ms,
+                website_key=key_type == KeyType.BROWSER,
             )
             # An edge worker the operator trusts (its address in trusted_proxies, as
             # for a load balancer's X-Forwarded-For) relays its visitors: its own

@@ -150,7 +150,7 @@ def check_event(event: AnyEvent) -> tuple[AnyEvent, list[EventIssue]]:
             issues.append(EventIssue("$.page.url", problem))
         if not original.path.startswith("/"):  # spec 2.4: a pathname on the web, a free string natively
             issues.append(EventIssue("$.page.path", "page.path must be a pathname (starting with /) for web events"))
-        if not device.userAgent:
+        if not device.userAgent or device.userAgent.isspace():
             issues.append(EventIssue("$.device.userAgent", "device.userAgent is required for web events"))
         if device.viewport is None:
             issues.append(EventIssue("$.device.viewport", "device.viewport is required for web events"))

@@ -79,6 +79,61 @@ async def test_verdicts_and_the_meter_they_decide(nursery: trio.Nursery, tmp_pat
     assert 'collector_events_bot_total{category="automation"} 3.0' in metrics
 
 
+VSCODE = ("Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Code/1.95.3"
+          " Chrome/128.0.6613.186 Electron/32.2.1 Safari/537.36")
+
+
+async def test_user_agents_read_as_written_by_people_and_by_libraries(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # helper-80: VS Code was automation; these bots and libraries were human pageviews.
+    server = await started(nursery, tmp_path)
+    batch = {"events": [
+        pageview("vscode", device=device(VSCODE)),
+        pageview("feed", device=device("FeedFetcher-Google; (+http://www.google.com/feedfetcher.html)")),
+        pageview("requests", device=device("Python-Requests/2.32")),
+        pageview("spaced-curl", device=device(" curl/8.5.0")),
+        pageview("dash", device=device("-")),
+        pageview("alamofire", device=device("AcmeApp/1.0 (com.acme.app; build:3; iOS 17.4.0) Alamofire/5.9.1")),
+        pageview("cypress", device=device(CHROME.replace("Safari/", "Cypress/13.15.0 Safari/"))),
+        pageview("label", device=device(CHROME, automation={"signals": ["HeadlessChrome"]})),
+    ]}
+    response = await server.client.post("/v1/events", json=batch, headers=WEB_HEADERS)
+    assert response.status_code == 202, response.text
+    assert response.headers["X-Service-Monthly-Used"] == "1"
+    assert await verdicts(server) == {
+        "vscode": (False, "human"), "feed": (True, "crawler"), "requests": (True, "tool"),
+        "spaced-curl": (True, "tool"), "dash": (True, "tool"), "alamofire": (True, "tool"),
+        "cypress": (True, "automation"), "label": (True, "automation"),
+    }
+    blank = await server.client.post("/v1/events", json=pageview("blank", device=device("   ")), headers=WEB_HEADERS)
+    assert (blank.status_code, blank.json()["details"][0]["path"]) == (400, "$.device.userAgent"), blank.text
+
+
+async def test_an_edge_pageviews_user_agent_is_the_bodys_unless_blank_then_the_headers(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    server = await started(nursery, tmp_path)
+    edge = {"visitorId": "v", "sessionId": "s", "url": "https://acme.com/"}
+    blank = await server.client.post("/v1/edge/pageview", json={**edge, "_eid": "blank", "userAgent": "  "},
+                                     headers={**WEB_HEADERS, "User-Agent": "curl/8.5.0"})
+    assert blank.json()["accepted"] == 1, blank.text
+    # A UTF-8 User-Agent header is stored as its characters, not read as Latin-1.
+    utf8 = await server.client.post("/v1/edge/pageview", json={**edge, "_eid": "utf8"},
+                                    headers={**WEB_HEADERS, "User-Agent": (CHROME + " 日").encode()})
+    assert utf8.json()["accepted"] == 1, utf8.text
+    long = await server.client.post("/v1/edge/pageview", json={**edge, "_eid": "long"},
+                                    headers={**WEB_HEADERS, "User-Agent": "a" * 513})
+    assert (long.status_code, long.json()["details"][0]["path"]) == (400, "User-Agent"), long.text
+    assert "User-Agent header" in long.json()["message"]
+    native = await server.client.post("/v1/edge/pageview", json={**edge, "_eid": "native"},
+                                      headers={"X-API-Key": MOBILE, "User-Agent": ""})
+    assert native.json()["accepted"] == 1, native.text
+    rows = {str(r["eid"]): r["event"] for r in await outbox_dump(server.data_dir)}
+    assert (rows["blank"]["device"]["userAgent"], rows["blank"]["bot"]["category"]) == (  # type: ignore[index]
+        "curl/8.5.0", "tool")
+    assert rows["utf8"]["device"]["userAgent"] == CHROME + " 日"  # type: ignore[index]
+    assert "userAgent" not in rows["native"]["device"]  # type: ignore[operator]
+
+
 async def test_request_headers_and_addresses(nursery: trio.Nursery, tmp_path: Path) -> None:
     server = await started(nursery, tmp_path)
 

@@ -26,6 +26,8 @@ STRONG_AUTOMATION_SIGNALS = frozenset({
     "selenium", "chromedriver", "geckodriver", "puppeteer", "playwright", "cdp",
     "dom_automation", "cypress",
 })
+# A label as written in any case and with any separator ("HeadlessChrome", "headless-chrome").
+_LABELS_UNSEPARATED = {label.replace("_", ""): label for label in STRONG_AUTOMATION_SIGNALS}
 
 
 class BotVerdict(msgspec.Struct, frozen=True):
@@ -131,8 +133,8 @@ def _automation_signals(
     if score is not None and score >= AUTOMATION_SCORE_THRESHOLD:
         found.append("sdk:score")
     for label in labels or ():
-        normal = label.strip().lower().replace("-", "_")
-        if normal in STRONG_AUTOMATION_SIGNALS:
+        normal = _LABELS_UNSEPARATED.get(label.strip().lower().replace("-", "").replace("_", "").replace(" ", ""))
+        if normal is not None:
             found.append(f"sdk:signal:{normal}")
     return found
 

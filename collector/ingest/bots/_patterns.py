@@ -68,6 +68,9 @@ PATTERN_REPLACEMENTS: dict[str, str | None] = {
     "WhatsApp": "^WhatsApp",
     "Tumblr\\/": "^Tumblr/",
     "Asana\\/": "^Asana/",
+    # GitHub's Copilot agent browses with VS Code's own Electron shell, whose user agent
+    # ("... Code/1.95.3 Chrome/... Electron/...") a person browsing in VS Code sends too.
+    "Code\\/1\\.": None,
 }
 
 # Overlay 3: user agents the package lacks. Libraries are anchored at the start
@@ -89,7 +92,9 @@ EXTRA_PATTERNS: tuple[tuple[str, str], ...] = (
     ("libcurl/", TOOL),  # also PycURL's "PycURL/7.45.2 libcurl/8.4.0 ..."
     ("^Java-http-client/", TOOL),  # the JDK's java.net.http client
     ("^Dalvik/", TOOL),  # Android's HttpURLConnection (a WebView says Mozilla/5.0)
-    (" CFNetwork/", TOOL),  # an iOS app's URLSession: "MyApp/1.0 CFNetwork/1410 Darwin/22.6.0"
+    ("(?:^| )CFNetwork/", TOOL),  # an iOS app's URLSession: "MyApp/1.0 CFNetwork/1410 Darwin/22.6.0"
+    ("Alamofire/", TOOL),  # iOS apps' HTTP library: "AcmeApp/1.0 (...; iOS 17.4.0) Alamofire/5.9.1"
+    ("Cypress/", AUTOMATION),  # the test runner's browser: "... Cypress/13.15.0 Chrome/118 Electron/27"
     ("^Apache-HttpAsyncClient/", TOOL),
     ("^http\\.rb/", TOOL),
     ("^fasthttp", TOOL),
@@ -103,6 +108,10 @@ EXTRA_PATTERNS: tuple[tuple[str, str], ...] = (
     ("Meta-ExternalAgent", AI_CRAWLER),  # the capitalised spelling of the package's entry
     ("Meta-ExternalFetcher", ANSWER_ENGINE),
 )
+
+
+# What a client sends that has no user agent to send: no browser does.
+_PLACEHOLDERS = frozenset({"", "-", "null", "undefined", "none", "unknown", "n/a"})
 
 
 class _Entry(msgspec.Struct, frozen=True):
@@ -182,6 +191,11 @@ class PatternMatcher:
 
     def __init__(self, entries: list[tuple[str, str]]) -> None:
         self._compiled = [(re.compile(p), c) for p, c in entries]
+        # A product name's case carries no meaning, and bots and libraries are
+        # written both ways ("FeedFetcher-Google", "Python-Requests"): when no entry
+        # matches as shipped, they are tried again ignoring case. (Not at once: a
+        # name would then meet more generic entries, "node-fetch" a crawler's "Fetch".)
+        self._caseless = [re.compile(p, re.IGNORECASE) for p, _ in entries]
         by_literal: dict[str, list[int]] = {}
         self._always: list[int] = []
         for index, (pattern, _) in enumerate(entries):
@@ -189,8 +203,8 @@ class PatternMatcher:
             if literals is None:
                 self._always.append(index)
                 continue
-            for literal in literals:
-                by_literal.setdefault(literal, []).append(index)
+            for literal in literals:  # (the prefilter reads the user agent lower-cased)
+                by_literal.setdefault(literal.lower(), []).append(index)
         self._by_literal = by_literal
         self._trie = _trie(by_literal)
         words = _trie_regex(self._trie)
@@ -201,20 +215,30 @@ class PatternMatcher:
 
     def match(self, user_agent: str) -> tuple[str, str] | None:
         """(category, name) of the most specific matching entry, or None."""
+        user_agent = user_agent.strip()  # " curl/8.5.0" must meet "^curl"
+        lowered = user_agent.lower()
+        if lowered in _PLACEHOLDERS:
+            return (TOOL, "placeholder")
         candidates = list(self._always)
-        first = self._prefilter.search(user_agent)
-        for hit in self._starts.finditer(user_agent, first.start()) if first else ():
+        first = self._prefilter.search(lowered)
+        for hit in self._starts.finditer(lowered, first.start()) if first else ():
             # Rare for humans: walk the trie from here to every literal starting here.
             node: dict[str, Any] | None = self._trie
-            for char in user_agent[hit.start():]:
+            for char in lowered[hit.start():]:
                 node = node.get(char) if node is not None else None
                 if node is None:
                     break
                 if "" in node:
                     candidates += self._by_literal[node[""]]
+        unique = set(candidates)
+        return self._best(user_agent, unique, caseless=False) or self._best(user_agent, unique, caseless=True)
+
+    def _best(self, user_agent: str, candidates: set[int], *, caseless: bool) -> tuple[str, str] | None:
         best: tuple[int, str, str] | None = None
-        for index in set(candidates):
+        for index in candidates:
             regex, category = self._compiled[index]
+            if caseless:
+                regex = self._caseless[index]
             found = regex.search(user_agent)
             if found and (best is None or PRIORITY[category] < best[0]):
                 best = (PRIORITY[category], category, _name(found.group(0), regex.pattern))
