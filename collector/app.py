@@ -33,7 +33,13 @@ from collector.fieldkeys import key_file_path, load_or_create, settle_key_file
 from collector.http.access_log import flush_periodically as flush_access_log
 from collector.http.asgi import Receive, Scope, Send, send_response
 from collector.http.client_address import TrustedProxies
-from collector.http.connections import Connection, ConnectionGuard, OpenSends
+from collector.http.connections import (
+    Connection,
+    ConnectionGuard,
+    ConnectionLimits,
+    OpenSends,
+    default_connection_limits,
+)
 from collector.http.drain import Drain
 from collector.http.framing import CloseAmbiguouslyFramed
 from collector.http.ingest import make_ingest_handler
@@ -45,6 +51,7 @@ from collector.http.signals import make_signals_handler
 from collector.ingest.bots import BotClassifier
 from collector.limits.buckets import RateLimiter
 from collector.limits.usage import billing_period
+from collector.log_sink import stderr_sink
 from collector.metrics import Metrics, gauge
 from collector.metrics_share import SharedMetrics, publish_every_second
 from collector.runtime import STOP_SIGNALS, defer_stop_signals, early_stop_signal
@@ -187,6 +194,15 @@ def _process_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
     yield gauge("collector_writer_requests_failed", "Requests whose commit failed", stats.jobs_failed)
     yield gauge("collector_writer_busy_refusals", "Requests refused because the writer queue was full", stats.busy_refusals)
     yield gauge("collector_writer_healthy", "1 while the last commit succeeded", 1 if services.writer.healthy else 0)
+    limits = services.connection_limits
+    if limits is not None:
+        yield gauge("collector_connections_open", "Connections this process holds", limits.open)
+        yield gauge("collector_connections_max", "Connections this process may hold (max_connections)", limits.total)
+    yield gauge(
+        "collector_log_lines_dropped",
+        "Log lines dropped because stderr was not being read (collector/log_sink.py)",
+        stderr_sink().dropped,
+    )
     yield gauge("collector_lmdb_map_growths", "Times this process doubled the LMDB map", stats.map_growths)
     yield gauge("collector_lmdb_map_adoptions", "Times this process adopted a map another worker grew", stats.map_adoptions)
     fold = services.commit_fold
@@ -415,9 +431,18 @@ async def _serve_http(
             listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
             binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
         sends = OpenSends()
-        connection = ConnectionGuard(
-            partial(Connection, asgi, config, context, ConnectionState(state.copy()), sends=sends),
-            partial(app.services.metrics.count_labelled, "collector_connection_failures"),
+        services = app.services
+        connection = services.connection_limits = ConnectionLimits(
+            ConnectionGuard(
+                partial(
+                    Connection, asgi, config, context, ConnectionState(state.copy()),
+                    sends=sends, request_timeout=services.settings.request_timeout,
+                ),
+                partial(services.metrics.count_labelled, "collector_connection_failures"),
+            ),
+            **_connection_caps(services.settings),
+            trusted=services.proxies.trusted,
+            refused=partial(services.metrics.count_labelled, "collector_connections_refused"),
         )
         async with trio.open_nursery() as deadline_watch:
             async with trio.open_nursery() as connections:
@@ -440,6 +465,12 @@ async def _serve_http(
             deadline_watch.cancel_scope.cancel()
         await lifespan.wait_for_shutdown()
         lifespan_nursery.cancel_scope.cancel()
+
+
+def _connection_caps(settings: Settings) -> dict[str, int]:
+    total, per_client = default_connection_limits()
+    total = settings.max_connections or total
+    return {"total": total, "per_client": settings.max_connections_per_client or min(per_client, total)}
 
 
 async def _abandon_at(deadline: float, sends: OpenSends) -> None:

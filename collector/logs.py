@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
-import sys
 import time
 
 import msgspec
+
+from collector.log_sink import stderr_sink
 
 _encoder = msgspec.json.Encoder()
 
@@ -28,8 +29,20 @@ class JsonFormatter(logging.Formatter):
         return _encoder.encode(entry).decode()
 
 
+class SinkHandler(logging.Handler):
+    """Hands each formatted line to the stderr sink, which never blocks the caller."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record) + "\n"
+        except Exception:  # noqa: BLE001 (as logging.StreamHandler: a bad record is reported, not raised)
+            self.handleError(record)
+            return
+        stderr_sink().write(line.encode("utf-8", "backslashreplace"))
+
+
 def configure_logging(level: int = logging.INFO) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    handler = SinkHandler()
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -27,6 +27,10 @@ LABELLED = {
     "collector_events_dropped": ("Events dropped before admission, by reason", "reason"),
     "collector_events_bot": ("Events classified as bot traffic when admitted, by category", "category"),
     "collector_signals_reads": ("Visitor snapshots served, by coverage mode (full or degraded)", "mode"),
+    "collector_connections_refused": (
+        "Connections refused at once because a cap was reached (total or per_client)",
+        "cap",
+    ),
     "collector_connection_failures": (
         "Connections ended by an error in the HTTP protocol layer (the server goes on), by exception type",
         "error",

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from collector.access.keycache import KeyCache
 from collector.http.client_address import TrustedProxies
+from collector.http.connections import ConnectionLimits
 from collector.ingest.bots import BotClassifier
 from collector.ingest.sealing import FieldSealer
 from collector.limits.buckets import RateLimiter
@@ -41,6 +42,7 @@ class Services:
     projection: VisitorProjection | None = None
     # `serve --workers N`: which worker process this is (0 runs retention and the visitor projection) and how many there are
     worker_index: int = 0
+    connection_limits: ConnectionLimits | None = None  # set once the HTTP server runs (its open count)
     workers: int = 1
 
     def now_ms(self) -> int:

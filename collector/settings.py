@@ -59,9 +59,13 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     # HTTP server
     graceful_timeout: Annotated[float, msgspec.Meta(ge=0, le=9)] = 8.0
     read_timeout: Annotated[float, msgspec.Meta(gt=0, le=DAY_S)] = 30.0
+    request_timeout: Annotated[float, msgspec.Meta(gt=0, le=DAY_S)] = 120.0  # reading one request, in all
     keep_alive_timeout: Annotated[float, msgspec.Meta(gt=0, le=DAY_S)] = 75.0
     keep_alive_max_requests: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)] = 100_000
     backlog: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 1024
+    # connections one process holds, in all and from one address; 0: from the file descriptor limit
+    max_connections: Annotated[int, msgspec.Meta(ge=0, le=10_000_000)] = 0
+    max_connections_per_client: Annotated[int, msgspec.Meta(ge=0, le=10_000_000)] = 0
     access_log: bool = True
     # processes: `serve --workers N` runs N worker processes on one socket and one environment
     workers: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1

@@ -11,7 +11,6 @@ and from a periodic task, so an idle server never holds lines back for long.
 from __future__ import annotations
 
 import logging
-import sys
 import time
 
 import msgspec
@@ -20,6 +19,7 @@ import trio
 from collector.access.hostnames import utf8_header
 from collector.http.asgi import Request
 from collector.ingest.payment import text_has_card
+from collector.log_sink import stderr_sink
 
 access = logging.getLogger("collector.access")
 
@@ -101,12 +101,7 @@ def flush() -> None:
         return
     data = b"\n".join(_pending) + b"\n"
     _pending.clear()
-    try:
-        stream = sys.stderr
-        stream.write(data.decode())
-        stream.flush()
-    except (OSError, ValueError):
-        pass  # stderr closed or gone: an access log line is not worth failing a request
+    stderr_sink().write(data)  # never blocks: see collector/log_sink.py
 
 
 async def flush_periodically(interval_s: float = MAX_DELAY_S) -> None:

@@ -49,6 +49,13 @@ def _utf8_cut(text: str, limit: int) -> int:
     return limit
 
 
+# Headers that hold one value (not a list): a repeat of the same value adds nothing.
+_SINGLE_VALUED = frozenset({
+    "x-api-key", "idempotency-key", "origin", "referer", "content-type", "user-agent", "host",
+    "x-cs-timestamp", "x-cs-signature", "x-request-id",
+})  # fmt: skip
+
+
 class Request:
     """The parts of an ASGI HTTP scope the handlers read, decoded once."""
 
@@ -62,8 +69,15 @@ class Request:
         for name, value in scope["headers"]:
             key = name.decode("latin-1").lower()
             text = value.decode("latin-1")
-            # Repeated headers are joined as HTTP allows (RFC 9110 5.3).
-            headers[key] = f"{headers[key]}, {text}" if key in headers else text
+            if key not in headers:
+                headers[key] = text
+            elif key in _SINGLE_VALUED and text == headers[key]:
+                # The same value twice (a proxy that adds what the client sent): one.
+                # Joined, `Idempotency-Key: k1` twice was the id "k1, k1/0", another
+                # event than its retry's, and an Origin twice no registered domain.
+                continue
+            else:  # repeated headers are joined as HTTP allows (RFC 9110 5.3)
+                headers[key] = f"{headers[key]}, {text}"
         self.headers = headers
         self._query: dict[str, str] | None = None
         self.request_id = request_id_for(headers.get("x-request-id", ""))

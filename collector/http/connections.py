@@ -61,6 +61,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import resource
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -69,10 +71,15 @@ import trio
 from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 
+from collector.errors import ServiceError, render_error
+
 log = logging.getLogger("collector.http")
 
 LOG_EVERY_S = 60.0
 CLOSE_AFTER_SEND_S = 5.0  # how long closing waits for a response still being written
+REFUSE_WRITE_S = 1.0  # how long a connection over a cap may take to be told so
+FD_RESERVE = 128  # descriptors kept back from connections: LMDB, listeners, logs, the CLI's files
+MIN_CONNECTIONS = 64
 
 
 class ConnectionGuard:
@@ -111,6 +118,88 @@ class ConnectionGuard:
             unlogged,
             exc_info=exc,
         )
+
+
+class ConnectionLimits:
+    """Caps the connections one process holds: in all, and from one client address.
+
+    Without a cap, one client that opened connections and sent nothing took
+    every file descriptor: each later client waited unanswered, and trio's
+    accept loop logged EMFILE ten times a second. A connection over a cap is
+    answered at once with 503 `service_unavailable` (Connection: close) and
+    closed. A trusted proxy (trusted_proxies) carries many clients, so its
+    address has no cap of its own.
+    """
+
+    def __init__(
+        self,
+        handler: Callable[[trio.SocketStream], Awaitable[Any]],
+        *,
+        total: int,
+        per_client: int,
+        trusted: Callable[[str], bool],
+        refused: Callable[[str], None],
+    ) -> None:
+        self._handler = handler
+        self.total, self.per_client = total, per_client
+        self._trusted = trusted
+        self._refused = refused
+        self.open = 0
+        self._by_client: dict[str, int] = {}
+
+    async def __call__(self, stream: trio.SocketStream) -> None:
+        peer = _peer_host(stream)
+        client = peer if peer is not None and not self._trusted(peer) else None  # None: not capped alone
+        if self.open >= self.total:
+            await self._refuse(stream, "total", "the server holds as many connections as it may")
+            return
+        if client is not None and self._by_client.get(client, 0) >= self.per_client:
+            await self._refuse(stream, "per_client", "this address holds as many connections as one client may")
+            return
+        self.open += 1
+        if client is not None:
+            self._by_client[client] = self._by_client.get(client, 0) + 1
+        try:
+            await self._handler(stream)
+        finally:
+            self.open -= 1
+            if client is not None:
+                left = self._by_client[client] - 1
+                if left:
+                    self._by_client[client] = left
+                else:
+                    del self._by_client[client]
+
+    async def _refuse(self, stream: trio.SocketStream, which: str, why: str) -> None:
+        self._refused(which)
+        body = render_error(ServiceError("service_unavailable", f"{why}: retry shortly"))
+        head = (
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nretry-after: 5\r\nx-request-id: {secrets.token_hex(12)}\r\n"
+            "connection: close\r\n\r\n"
+        )
+        # Bounded: a refused client gets a second, not a slot.
+        with trio.move_on_after(REFUSE_WRITE_S), contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await stream.send_all(head.encode() + body)
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await trio.aclose_forcefully(stream)
+
+
+def _peer_host(stream: trio.SocketStream) -> str | None:
+    try:
+        peer = stream.socket.getpeername()
+    except OSError:
+        return None
+    return peer[0] if isinstance(peer, tuple) else None
+
+
+def default_connection_limits() -> tuple[int, int]:
+    """(total, per client) for this process: its file descriptor limit less a reserve
+    for LMDB, the listeners and logs, and a quarter of that for one client."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    available = soft if soft != resource.RLIM_INFINITY else 1_048_576
+    total = max(MIN_CONNECTIONS, available - FD_RESERVE)
+    return total, max(MIN_CONNECTIONS, total // 4)
 
 
 class OpenSends:
@@ -196,14 +285,18 @@ class IdleWatch:
 
 class Connection(TCPServer):
     _idle = True  # no request in progress (hypercorn starts the idle task before reading)
+    _request_began = 0.0  # when the request in progress began
     _reading_done = False
     _read_scope: trio.CancelScope | None = None
     _held_head = b""  # a final response's head, waiting for the write after it
 
-    def __init__(self, *args: Any, sends: OpenSends | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, sends: OpenSends | None = None, request_timeout: float = math.inf, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.idle_task = self._idle_watch = IdleWatch(self)  # type: ignore[assignment]
         self._sends = sends if sends is not None else OpenSends()
+        self._request_timeout = request_timeout
 
     async def protocol_send(self, event: Event) -> None:
         if isinstance(event, RawData):
@@ -221,6 +314,8 @@ class Connection(TCPServer):
             held, self._held_head = self._held_head, b""
             await self._write(held)
         if isinstance(event, Updated):
+            if self._idle and not event.idle:
+                self._request_began = trio.current_time()
             self._idle = event.idle
             if self._read_scope is not None:  # a read already waiting takes the new bound
                 self._read_scope.deadline = self._read_deadline()
@@ -253,9 +348,13 @@ class Connection(TCPServer):
         await super()._close()
 
     def _read_deadline(self) -> float:
-        if self._idle or not self.config.read_timeout:
+        if self._idle:
             return math.inf  # the idle task's keep_alive_timeout bounds the wait
-        return trio.current_time() + self.config.read_timeout
+        # Each read within read_timeout, and the whole request within request_timeout:
+        # a body trickled a byte at a time, each within read_timeout, held its
+        # connection (and its buffered body) for as long as the client liked.
+        per_read = trio.current_time() + self.config.read_timeout if self.config.read_timeout else math.inf
+        return min(per_read, self._request_began + self._request_timeout)
 
     async def _read_data(self) -> None:
         while True:

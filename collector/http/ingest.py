@@ -32,11 +32,12 @@ from collector.http.off_loop import run_pure
 from collector.http.write_route import (
     Handler,
     Seen,
+    inflated_body,
     make_write_handler,
     read_capped_body,
     spend_request_token,
 )
-from collector.ingest import decompress_body, prepare_batch, refuse_payment_data
+from collector.ingest import prepare_batch, refuse_payment_data
 from collector.ingest.bots import request_evidence
 from collector.ingest.model import (
     AcceptedEvent,
@@ -152,7 +153,7 @@ async def _ingest(
     if not utf8_key:
         # As text it would read as Latin-1: the same id as a UTF-8 key of other bytes.
         raise ServiceError("invalid_idempotency_key", "Idempotency-Key must be UTF-8 text")
-    body = decompress_body(raw, hdr.get("content-encoding"), hdr.get("content-type"))
+    body = await inflated_body(request, raw)
     content_identity: bytes | None = None
     legacy_identity: bytes | None = None
     visitor_ip = services.proxies.client_address(request.client_ip, hdr.get("x-forwarded-for"))

@@ -17,11 +17,11 @@ from collector.http.off_loop import run_pure
 from collector.http.write_route import (
     Handler,
     Seen,
+    inflated_body,
     make_write_handler,
     read_capped_body,
     spend_request_token,
 )
-from collector.ingest import decompress_body
 from collector.ingest.replay import prepare_replay
 from collector.services import Services
 from storage.errors import StorageError, WriterBusy
@@ -60,7 +60,7 @@ async def _replay(
     seen.client_id = record.clientId
     spend_request_token(services, record, site, SCOPE, headers)
     raw = await read_capped_body(request, receive)
-    body = decompress_body(raw, hdr.get("content-encoding"), hdr.get("content-type"))
+    body = await inflated_body(request, raw)
     chunk = await run_pure(len(body), prepare_replay, body)
     # A session is not recorded without its consent: such a chunk is acknowledged and
     # not stored, unless the same chunk was stored already (a duplicate, or a 409).

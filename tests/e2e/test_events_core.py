@@ -98,6 +98,23 @@ async def test_idempotency_key_header_names_the_events(server: RunningServer) ->
     assert again.json()["duplicates"] == 2
 
 
+async def test_a_single_valued_header_sent_twice_alike_counts_once(server: RunningServer) -> None:
+    # helper-78: joined as "k1, k1", the id was another event than its retry's.
+    bare = {k: v for k, v in pageview("x").items() if k != "_eid"}
+    twice = [("X-API-Key", BROWSER_KEY), ("X-API-Key", BROWSER_KEY), ("Origin", "https://acme.com"),
+             ("Origin", "https://acme.com"), ("Idempotency-Key", "k1"), ("Idempotency-Key", "k1"),
+             ("Content-Type", "application/json")]
+    first = await server.client.post("/v1/events", content=json.dumps(bare), headers=twice)
+    assert (first.status_code, first.json()["ledgerKeys"]) == (202, ["acme/k1/0"]), first.text
+    assert first.headers["access-control-allow-origin"] == "https://acme.com"
+    once = await post(server, bare, headers={**H, "Idempotency-Key": "k1"})
+    assert once.json()["duplicates"] == 1, once.text
+    # Two different values are still two: refused as no such key.
+    other = [("X-API-Key", BROWSER_KEY), ("X-API-Key", "cs_live_other000000000"), ("Origin", "https://acme.com")]
+    refused = await server.client.post("/v1/events", json=pageview("y"), headers=other)
+    assert refused.status_code == 401, refused.text
+
+
 async def test_idempotency_key_over_512_chars(server: RunningServer) -> None:
     response = await post(server, pageview("k"), {**H, "Idempotency-Key": "k" * 513})
     assert response.status_code == 400

@@ -174,6 +174,59 @@ async def test_a_connection_closes_when_its_client_does_or_a_request_stalls(
     assert await outbox_dump(server.data_dir) == []
 
 
+async def test_a_body_trickled_within_each_read_timeout_is_cut_at_the_request_timeout(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # helper-78: a byte every 25 s kept a request (and its buffered body) open without end.
+    server = await start_server(nursery, tmp_path, read_timeout=1, request_timeout=2)
+    async with await _open(server) as stream:
+        await stream.send_all(
+            f"POST /v1/events HTTP/1.1\r\nHost: x\r\nX-API-Key: {BROWSER_KEY}\r\n"
+            "Origin: https://acme.com\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n".encode()
+        )
+        closed = False
+        with trio.move_on_after(15):
+            for _ in range(60):  # a byte every 0.25 s: each read well within read_timeout
+                await trio.sleep(0.25)
+                try:
+                    await stream.send_all(b" ")
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    closed = True
+                    break
+                with trio.move_on_after(0.01):
+                    if await stream.receive_some() == b"":
+                        closed = True
+                        break
+        assert closed, "the trickled request was never cut"
+    assert await outbox_dump(server.data_dir) == []
+
+
+async def test_connections_over_a_cap_are_told_503_at_once(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # helper-78: one client's idle connections took every descriptor and locked everyone out.
+    server = await start_server(nursery, tmp_path, max_connections=6, max_connections_per_client=3)
+    held = [await _open(server) for _ in range(3)]
+    try:
+        await _served(held[0])  # (each is served; they stay open)
+        async with await _open(server) as fourth:
+            with trio.fail_after(5):
+                answer = await _read_response(fourth)
+        assert answer.startswith(b"HTTP/1.1 503"), answer
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert b"x-request-id: " in head and b"retry-after: 5" in head and b"connection: close" in head
+        assert json.loads(body)["error"] == "service_unavailable"
+        assert b"as many connections as one client may" in body
+        await held.pop().aclose()
+        await trio.sleep(0.1)
+        async with await _open(server) as again:  # a slot came back
+            await _served(again)
+    finally:
+        for stream in held:
+            await stream.aclose()
+    metrics = (await server.client.get("/metrics")).text
+    assert 'collector_connections_refused_total{cap="per_client"} 1.0' in metrics
+    assert "collector_connections_max 6.0" in metrics
+
+
 async def _refused_then_reused(server: RunningServer, path: str, key: str, body: bytes) -> tuple[bytes, bytes]:
     """A POST refused before its body is read (the body arrives late), then a second request on the same connection."""
     head = (

@@ -520,6 +520,30 @@ def test_every_request_gets_an_access_line(tmp_path: Path) -> None:
     assert all(line["requestId"] for line in lines)
 
 
+def test_a_log_reader_that_stops_reading_stops_neither_requests_nor_sigterm(tmp_path: Path) -> None:
+    # helper-78: the log lines were written to stderr from the event loop; once the
+    # pipe was full every request waited, and SIGTERM with them.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "collector", "serve", "--bind", "127.0.0.1:0", "--data-dir", str(tmp_path / "data"),
+         "--tenants", str(write_tenants(tmp_path / "t.json"))],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().decode().split("listening on ")[1].strip()
+        # about 250 bytes of access log each: 1,500 are several times what the pipe holds
+        with httpx.Client(base_url=url, timeout=5) as client:
+            for _ in range(1500):
+                assert client.get("/healthz").status_code == 200
+    finally:
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        assert time.monotonic() - started < 10
+        assert proc.stderr is not None
+        assert b'"msg":"request"' in proc.stderr.read()
+
+
 def test_crashloop_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     from bench.crashloop import crashloop
 

@@ -11,35 +11,37 @@ import pytest
 from collector.http import access_log
 from collector.http.asgi import Request
 from collector.http.drain import Drain
+from collector.log_sink import stderr_sink
 
 
-def _logged_id(header: bytes, capsys: pytest.CaptureFixture[str]) -> str:
+def _logged_id(header: bytes, capfd: pytest.CaptureFixture[str]) -> str:
     request = Request({"method": "GET", "path": "/v1/signals/v", "headers": [(b"x-request-id", header)]})
     access_log.log_request(request, "/v1/signals/:visitorId", 200, None, "acme", time.perf_counter())
     access_log.flush()
-    return str(json.loads(capsys.readouterr().err.splitlines()[-1])["requestId"])
+    assert stderr_sink().flush(5)
+    return str(json.loads(capfd.readouterr().err.splitlines()[-1])["requestId"])
 
 
 def test_a_card_in_the_request_id_is_redacted_however_it_is_spaced(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(access_log.access, "level", logging.INFO)  # as `serve` configures it
     for header in (b"4111111111111111", "4111\u00a01111\u00a01111\u00a01111".encode()):
-        assert _logged_id(header, capsys) == "[holds a payment card number]", header
-    assert _logged_id(b"req-2024-000123", capsys) == "req-2024-000123"
+        assert _logged_id(header, capfd) == "[holds a payment card number]", header
+    assert _logged_id(b"req-2024-000123", capfd) == "req-2024-000123"
 
 
 def test_a_request_id_is_logged_as_the_utf8_sent_without_c1_controls(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # "é" was logged as "Ã©", and U+009B (CSI, which terminals obey) raw (audit helper-39)
     monkeypatch.setattr(access_log.access, "level", logging.INFO)
-    assert _logged_id("café-1".encode(), capsys) == "café-1"
-    assert _logged_id("x\u009b31m-y".encode(), capsys) == "x\ufffd31m-y"
+    assert _logged_id("café-1".encode(), capfd) == "café-1"
+    assert _logged_id("x\u009b31m-y".encode(), capfd) == "x\ufffd31m-y"
 
 
 async def test_a_request_refused_as_the_server_closes_is_logged(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The 503 of a request that races the final close wrote no access line (stop 17's note).
     monkeypatch.setattr(access_log.access, "level", logging.INFO)
@@ -62,7 +64,8 @@ async def test_a_request_refused_as_the_server_closes_is_logged(
              "headers": [(b"x-request-id", b"r-1"), (b"origin", b"https://acme.com")]}
     await drain(scope, receive, send)
     access_log.flush()
-    line = json.loads(capsys.readouterr().err.splitlines()[-1])
+    assert stderr_sink().flush(5)
+    line = json.loads(capfd.readouterr().err.splitlines()[-1])
     assert (line["route"], line["status"], line["error"], line["requestId"]) == (
         "shutdown", 503, "service_unavailable", "r-1")
     head = sent[0]

@@ -1,0 +1,106 @@
+"""Where log lines go: stderr, written by a thread of its own.
+
+A write to stderr blocks once its reader stops reading (a stalled journald, a
+log shipper that hung, a pipe nobody drains): written from the event loop, it
+froze every request and the drain that SIGTERM starts. Here the loop only
+appends to a bounded backlog; a daemon thread writes it out. While the reader
+is stuck the backlog fills, and lines past `MAX_BACKLOG_BYTES` are dropped and
+counted; once writing goes through again, one line says how many were lost.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+from collections import deque
+
+MAX_BACKLOG_BYTES = 4 * 1024 * 1024
+FLUSH_AT_EXIT_S = 2.0
+_DROPPED_LINE = (
+    '{"ts":"%s","level":"warning","logger":"collector.logs",'
+    '"msg":"%d log lines dropped: stderr was not being read"}\n'
+)
+
+
+class StderrSink:
+    """A bounded, non-blocking writer of whole lines to a file descriptor."""
+
+    def __init__(self, fd: int = 2, max_backlog_bytes: int = MAX_BACKLOG_BYTES) -> None:
+        self._fd = fd
+        self._max = max_backlog_bytes
+        self._backlog: deque[bytes] = deque()
+        self._backlog_bytes = 0
+        self._writing = 0  # bytes taken by the thread and not yet written
+        self._unreported_drops = 0
+        self.dropped = 0  # every line dropped since the start (a metric reads it)
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="stderr-sink", daemon=True)
+        self._thread.start()
+
+    def write(self, data: bytes) -> None:
+        """Queue `data` (whole lines); never blocks on the reader."""
+        with self._cond:
+            if self._backlog_bytes + len(data) > self._max:
+                lines = data.count(b"\n") or 1
+                self.dropped += lines
+                self._unreported_drops += lines
+                self._cond.notify()  # (the line saying so goes out once writing does)
+                return
+            self._backlog.append(data)
+            self._backlog_bytes += len(data)
+            self._cond.notify()
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for the backlog to be written; False if it was not."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._backlog or self._writing:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._backlog and not self._unreported_drops:
+                    self._cond.wait()
+                chunk = b"".join(self._backlog)
+                self._backlog.clear()
+                self._backlog_bytes = 0
+                self._writing = len(chunk)
+                drops, self._unreported_drops = self._unreported_drops, 0
+            if drops:
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())
+                chunk = (_DROPPED_LINE % (stamp, drops)).encode() + chunk
+            self._write_all(chunk)
+            with self._cond:
+                self._writing = 0
+                self._cond.notify_all()
+
+    def _write_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                written = os.write(self._fd, view)
+            except InterruptedError:
+                continue
+            except OSError:
+                return  # stderr closed or gone: nothing to write to
+            view = view[written:]
+
+
+_sink: StderrSink | None = None
+
+
+def stderr_sink() -> StderrSink:
+    """The process's sink, started on first use."""
+    global _sink
+    if _sink is None:
+        _sink = StderrSink()
+        # What is still queued at a normal exit goes out, unless stderr is stuck.
+        atexit.register(_sink.flush, FLUSH_AT_EXIT_S)
+    return _sink
