@@ -172,6 +172,8 @@ class Supervisor:
                             await nursery.start(self._slot, index)
                 except SupervisorFailed as exc:
                     self.failed = str(exc)
+                    # (said before returning: an exit 1 without a word was a silent restart loop under systemd)
+                    log.error("stopping: %s", self.failed)
                     await self._stop_children()
                     nursery.cancel_scope.cancel()
                     return 1
@@ -281,16 +283,20 @@ class Supervisor:
             await proc.stdout.aclose()
             if self.stopping.is_set():
                 return
-            # an unexpected exit: restart with backoff, or give up
             now = time.monotonic()
-            self.crashes.append(now)
-            while self.crashes and self.crashes[0] < now - CRASH_WINDOW_S:
-                self.crashes.popleft()
-            log.error("worker %d (pid %d) exited unexpectedly with %s", index, proc.pid, proc.returncode)
-            if len(self.crashes) > CRASH_LIMIT:
-                self.failed = f"{len(self.crashes)} worker crashes within {CRASH_WINDOW_S:.0f} s"
-                self.stopping.set()
-                return
+            if proc.returncode == 0:
+                # Drained and stopped on purpose (a SIGTERM to this worker alone, to
+                # recycle it): started again, and not counted as a crash.
+                log.info("worker %d (pid %d) stopped cleanly: starting it again", index, proc.pid)
+            else:  # an unexpected exit: restart with backoff, or give up
+                self.crashes.append(now)
+                while self.crashes and self.crashes[0] < now - CRASH_WINDOW_S:
+                    self.crashes.popleft()
+                log.error("worker %d (pid %d) exited unexpectedly with %s", index, proc.pid, proc.returncode)
+                if len(self.crashes) > CRASH_LIMIT:
+                    self.failed = f"{len(self.crashes)} worker crashes within {CRASH_WINDOW_S:.0f} s"
+                    self.stopping.set()
+                    return
             if now - started > BACKOFF_RESET_S:
                 backoff = BACKOFF_FIRST_S
             with trio.move_on_after(backoff):

@@ -192,6 +192,28 @@ def test_a_worker_that_dies_is_restarted(tmp_path: Path) -> None:
     assert dump_counts(server.data_dir)["after"] == 1
 
 
+def test_a_worker_stopped_on_purpose_is_started_again_and_no_crash(tmp_path: Path) -> None:
+    # helper-79: a worker recycled with SIGTERM drained and exited 0, was logged at error
+    # level as "exited unexpectedly" and counted toward the crash limit.
+    server = Workers(tmp_path, 2)
+    try:
+        first = server.children()
+        for _ in range(7):  # more than the crash limit (5 within 60 s), had they counted
+            os.kill(server.children()[1], signal.SIGTERM)
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                now = server.children()
+                if len(now) == 2 and answering_workers(server.url, 2) == {0, 1}:
+                    break
+                time.sleep(0.1)
+            assert server.proc.poll() is None, server.log.read_text()[-2000:]
+        assert first[0] in server.children()
+    finally:
+        assert server.stop() == 0
+    log = server.log.read_text()
+    assert "exited unexpectedly" not in log and log.count("stopped cleanly: starting it again") == 7
+
+
 def test_every_scrape_counts_every_worker_and_never_goes_back(tmp_path: Path) -> None:
     """/metrics under --workers: each worker's counters, labelled, whichever worker answers.
 
