@@ -36,7 +36,7 @@ from collector.http.asgi import (
 )
 from collector.http.headers import cors_headers, preflight_headers
 from collector.http.off_loop import run_pure
-from collector.ingest.body import decompress_body, is_gzip
+from collector.ingest.body import decompress_body, is_gzip, refuse_unsupported_encoding
 from collector.ingest.payment import text_has_card
 from collector.limits.buckets import rate_headers, refusal
 from collector.limits.rates import bucket_id, ingest_scope, scope_rate
@@ -156,9 +156,10 @@ def _bucket(services: Services, record: KeyRecord, site: Site | None, scope: str
 
 async def read_capped_body(request: Request, receive: Receive) -> bytes:
     """The body as sent, refused with payload_too_large past its cap."""
-    # the same reading of the header as decompress_body's (any other coding is refused there)
-    gzip = is_gzip(request.headers.get("content-encoding"))
-    return await read_body(request, receive, GZIP_BODY_LIMIT if gzip else RAW_BODY_LIMIT)
+    # the same reading of the header as decompress_body's; any other coding is refused unread
+    encoding = request.headers.get("content-encoding")
+    refuse_unsupported_encoding(encoding)
+    return await read_body(request, receive, GZIP_BODY_LIMIT if is_gzip(encoding) else RAW_BODY_LIMIT)
 
 
 # What a compressed body is taken to inflate to when deciding where to inflate it:

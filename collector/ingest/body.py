@@ -17,6 +17,19 @@ def is_gzip(content_encoding: str | None) -> bool:
     return (content_encoding or "").strip().lower() in ("gzip", "x-gzip")
 
 
+def refuse_unsupported_encoding(content_encoding: str | None) -> None:
+    """validation_error for a Content-Encoding other than none, identity or one gzip layer.
+
+    Checked before the body is read too: a 10 MB body in `br` was read whole to be refused.
+    """
+    encoding = (content_encoding or "").strip().lower()
+    if encoding in ("", "identity") or is_gzip(encoding):
+        return
+    if all(is_gzip(layer) for layer in encoding.split(",")):
+        raise ServiceError("validation_error", f"Content-Encoding {encoding!r}: send one gzip layer, not several")
+    raise ServiceError("validation_error", f"unsupported Content-Encoding {encoding!r}; use gzip")
+
+
 def decompress_body(raw: bytes, content_encoding: str | None, content_type: str | None) -> bytes:
     """The JSON bytes of a request body.
 
@@ -27,8 +40,7 @@ def decompress_body(raw: bytes, content_encoding: str | None, content_type: str 
     encoding = (content_encoding or "").strip().lower()
     if encoding in ("", "identity"):
         return raw
-    if not is_gzip(encoding):
-        raise ServiceError("validation_error", f"unsupported Content-Encoding {encoding!r}; use gzip")
+    refuse_unsupported_encoding(encoding)
     if "application/json" not in (content_type or "").lower():
         raise RawErrorBody(400, {"error": "Content-Type must be application/json"})
     parts: list[bytes] = []

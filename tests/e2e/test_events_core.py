@@ -335,6 +335,23 @@ async def test_gzip_needs_json_content_type(server: RunningServer) -> None:
     assert response.json() == {"error": "Content-Type must be application/json"}
 
 
+async def test_an_unsupported_content_encoding_is_refused_before_the_body_is_read(server: RunningServer) -> None:
+    # helper-78: a body in `br` was read whole (up to 10 MB) to be refused; `gzip, gzip` was told to "use gzip".
+    for encoding, says in (("br", "use gzip"), ("gzip, gzip", "send one gzip layer")):
+        async with await trio.open_tcp_stream("127.0.0.1", int(server.base_url.rsplit(":", 1)[1])) as stream:
+            await stream.send_all(
+                f"POST /v1/events HTTP/1.1\r\nHost: x\r\nX-API-Key: {BROWSER_KEY}\r\nOrigin: https://acme.com\r\n"
+                f"Content-Type: application/json\r\nContent-Encoding: {encoding}\r\n"
+                "Content-Length: 5000000\r\n\r\n".encode()
+            )  # and not one byte of the body
+            answer = b""
+            with trio.fail_after(10):
+                while b"}" not in answer:
+                    answer += await stream.receive_some()
+        assert answer.startswith(b"HTTP/1.1 400"), answer
+        assert b'"validation_error"' in answer and says.encode() in answer, answer
+
+
 async def test_gzip_bomb_is_aborted(server: RunningServer) -> None:
     bomb = gzip.compress(b"[" + b" " * (20 * 1024 * 1024) + b"]")
     assert len(bomb) < 1024 * 1024
