@@ -328,8 +328,14 @@ class Connection(TCPServer):
         # hypercorn's RawData write, with a shield the shutdown can lift
         async with self.send_lock:
             try:
-                with self._sends.shielded():
+                with self._sends.shielded(), trio.move_on_after(self._request_timeout) as sending:
                     await self.stream.send_all(data)
+                if sending.cancelled_caught:
+                    # A client that reads nothing (pipelined requests, a full receive
+                    # window) held its connection and the unsent answers for as long as
+                    # it stayed connected: after request_timeout it is cut off.
+                    await trio.aclose_forcefully(self.stream)
+                    await self.protocol.handle(Closed())
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 await self.protocol.handle(Closed())
 

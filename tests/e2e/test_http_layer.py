@@ -201,6 +201,27 @@ async def test_a_body_trickled_within_each_read_timeout_is_cut_at_the_request_ti
     assert await outbox_dump(server.data_dir) == []
 
 
+async def test_a_client_that_reads_nothing_is_cut_off_at_the_request_timeout(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # helper-78: 2,000 pipelined requests and no reading held the connection (and the
+    # answers waiting to be sent) for as long as the client stayed.
+    server = await start_server(nursery, tmp_path, request_timeout=2, keep_alive_timeout=60)
+    async with await _open(server) as stream:
+        request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+        try:
+            with trio.move_on_after(3):  # until the server stops reading: its answers fill both buffers
+                for _ in range(5000):
+                    await stream.send_all(request * 10)
+            await trio.sleep(4)  # past request_timeout with a write blocked
+            with trio.fail_after(20):  # what was sent drains, then the connection ends
+                while await stream.receive_some(1 << 20):
+                    pass
+        except trio.BrokenResourceError:
+            pass  # a reset: the server closed with our requests unread
+    assert (await server.client.get("/healthz")).status_code == 200
+
+
 async def test_connections_over_a_cap_are_told_503_at_once(nursery: trio.Nursery, tmp_path: Path) -> None:
     # helper-78: one client's idle connections took every descriptor and locked everyone out.
     server = await start_server(nursery, tmp_path, max_connections=6, max_connections_per_client=3)
