@@ -193,7 +193,11 @@ def _process_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
     yield gauge("collector_writer_requests_refused", "Requests refused inside admission", stats.jobs_refused)
     yield gauge("collector_writer_requests_failed", "Requests whose commit failed", stats.jobs_failed)
     yield gauge("collector_writer_busy_refusals", "Requests refused because the writer queue was full", stats.busy_refusals)
-    yield gauge("collector_writer_healthy", "1 while the last commit succeeded", 1 if services.writer.healthy else 0)
+    yield gauge(
+        "collector_writer_healthy",
+        "0 from a failed commit until one that stores something (an event, the readiness probe) succeeds",
+        1 if services.writer.healthy else 0,
+    )
     limits = services.connection_limits
     if limits is not None:
         yield gauge("collector_connections_open", "Connections this process holds", limits.open)

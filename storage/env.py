@@ -215,6 +215,22 @@ class Storage:
         with mapped_lmdb_errors():
             return int(self.env.reader_check())
 
+    def free_pages_at_cap(self, txn: lmdb.Transaction) -> tuple[int, int] | None:
+        """(pages holding no live data, pages in all) when the map is at `max_map_size`; None below it.
+
+        Every tree's pages (branch, leaf, overflow) are live; the rest of a map at
+        its cap is the free list, reusable once no reader needs it. (py-lmdb does
+        not expose the free list itself; its own few pages are counted as free.)
+        """
+        map_size = self.env.info()["map_size"]
+        if map_size < self.max_map_size:
+            return None
+        stats = [txn.stat(getattr(self.dbs, name)) for name in DB_NAMES]
+        stats.append(self.env.stat())  # the main tree, which names the others
+        live = sum(s["branch_pages"] + s["leaf_pages"] + s["overflow_pages"] for s in stats)
+        capacity = map_size // stats[-1]["psize"]
+        return capacity - live - 2, capacity  # (less the two meta pages)
+
     def usage(self) -> tuple[int, int]:
         """(map size, bytes used) for the metrics gauges."""
         info = self.env.info()

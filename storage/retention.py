@@ -40,6 +40,10 @@ log = logging.getLogger("collector.retention")
 
 RETAINED_FROM = b"outbox_retained_from"
 IDEM_SWEEP_POS = b"idem_sweep_pos"
+# When the last sweep ran. Written by every sweep so that each one commits: LMDB
+# reuses the pages a transaction freed only once a later one has committed, and on
+# a full map nothing else may commit until it does.
+LAST_SWEEP = b"retention_last_sweep"
 REPLAY_SWEEP_BYTES = 32 * 1024 * 1024
 _NO_CONSUMERS = 2**64 - 1
 
@@ -65,6 +69,8 @@ class RetentionStatistics(msgspec.Struct, frozen=True):
 
 class RetentionSweep:
     """A WriteJob removing expired outbox entries and idempotency records, `batch` at most each."""
+
+    spends_reserve = True  # it makes room: the last pages of a full map are for it (storage.writer)
 
     def __init__(
         self,
@@ -93,6 +99,7 @@ class RetentionSweep:
         outbox_removed, outbox_more, retained_from = self._sweep_outbox(ctx)
         idem_removed, scanned, idem_more = self._sweep_idempotency(ctx)
         replay_removed, replay_scanned, replay_more = self._sweep_replay(ctx)
+        ctx.txn.put(LAST_SWEEP, ctx.now_ms.to_bytes(8, "big"), db=ctx.dbs.meta)
         return SweepResult(
             outbox_removed,
             idem_removed,

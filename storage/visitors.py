@@ -243,6 +243,9 @@ class FoldVisitors:
     """A write job: fold the next outbox entries into visitor records (the catch-up)."""
 
     __slots__ = ("batch",)
+    # The retention sweep removes only what the fold has passed: on a full map it
+    # takes the last pages too, or nothing could ever be removed (storage.writer).
+    spends_reserve = True
 
     def __init__(self, batch: int = 2048) -> None:
         self.batch = batch

@@ -100,6 +100,10 @@ class WriterStatistics(msgspec.Struct, frozen=True):
     map_adoptions: int
 
 
+# Free pages a map at its cap keeps for the jobs that make room (1% of it when more).
+RESERVE_PAGES = 64
+
+
 class _Ticket:
     __slots__ = ("job", "done", "result", "error")
 
@@ -287,8 +291,12 @@ class GroupCommitWriter:
                 txn, self.storage, _read_next_seq(txn, self.storage), now_ms, feeding=at_commit is not None
             )
             first_seq = ctx.next_seq
+            kept_out = self._kept_out_of_reserve(txn, pending)
             for ticket in pending:
                 ticket.result = ticket.error = None
+                if ticket in kept_out:
+                    ticket.error = StorageFull("the data directory is full (the last pages are kept for retention)")
+                    continue
                 try:
                     ticket.result = ticket.job.run(ctx)
                 except JobRefused as refused:
@@ -314,7 +322,7 @@ class GroupCommitWriter:
             # Only a commit that stored something proves the directory writable
             # again: one of duplicates only, or of deletions, writes no new page.
             self._proved_writable = ctx.next_seq != first_seq or any(
-                getattr(ticket.job, "proves_writable", False) for ticket in pending
+                getattr(ticket.job, "proves_writable", False) and ticket.error is None for ticket in pending
             )
             if ctx.next_seq != first_seq:
                 txn.put(NEXT_SEQ, ctx.next_seq.to_bytes(8, "big"), db=self.storage.dbs.meta)
@@ -331,6 +339,25 @@ class GroupCommitWriter:
         if committed is not None:
             committed()
         return None
+
+    def _kept_out_of_reserve(self, txn: lmdb.Transaction, pending: list[_Ticket]) -> set[_Ticket]:
+        """The jobs that may not take the map's last free pages.
+
+        LMDB copies every page it changes, so even a deletion needs free pages: a
+        map at its cap filled to the last page could not let its retention sweep
+        remove anything, and stayed full (helpers 77 and 82). At the cap, the last
+        pages are kept for the jobs that make room (`spends_reserve`).
+        """
+        if all(getattr(ticket.job, "spends_reserve", False) for ticket in pending):
+            return set()
+        at_cap = self.storage.free_pages_at_cap(txn)
+        if at_cap is None:
+            return set()
+        free, capacity = at_cap
+        if free >= max(RESERVE_PAGES, capacity // 100):
+            return set()
+        self.healthy = False
+        return {ticket for ticket in pending if not getattr(ticket.job, "spends_reserve", False)}
 
     def _top_up(self, pending: list[_Ticket]) -> None:
         if self._queue and len(pending) < self.max_group and not _solo(pending[0]):

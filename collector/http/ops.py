@@ -32,8 +32,12 @@ from collector.services import Services
 from storage.errors import StorageError
 from storage.writer import WriteContext
 
-_PROBE_KEY = b"ready_probe"
-_PROBE_VALUE = bytes(1024 * 1024)
+# The probe's megabyte, as 256 values of 4,000 bytes, each in a page of its own (an
+# event of that size takes one too). One 1 MB value needs 256 pages in a row, which a
+# map a retention sweep has just emptied seldom has: the node stayed not ready with
+# half its map free.
+_PROBE_KEYS = [b"ready_probe/%03d" % n for n in range(256)]
+_PROBE_VALUE = bytes(4000)
 _METRICS_CONTENT_TYPE = (b"content-type", b"text/plain; version=0.0.4")
 _READY = b'{"status":"ready"}'
 _NOT_READY = b'{"status":"not_ready","reason":"storage is not writable"}'
@@ -117,6 +121,18 @@ def _route(
     return handle
 
 
+class _ProbeTick:
+    """A few bytes committed before the probe: LMDB reuses the pages a transaction
+    freed (a retention sweep's) only once a later one has committed, and on a full
+    map every probe failed without committing anything, so none ever did."""
+
+    solo = True
+    spends_reserve = True
+
+    def run(self, ctx: WriteContext) -> None:
+        ctx.txn.put(b"ready_probe_tick", ctx.now_ms.to_bytes(8, "big"), db=ctx.dbs.meta)
+
+
 class _ProbeWrite:
     """A write job that proves a commit with room for a large batch can be made.
 
@@ -132,16 +148,19 @@ class _ProbeWrite:
     proves_writable = True
 
     def run(self, ctx: WriteContext) -> None:
-        ctx.txn.put(_PROBE_KEY, _PROBE_VALUE, db=ctx.dbs.meta)
+        for key in _PROBE_KEYS:
+            ctx.txn.put(key, _PROBE_VALUE, db=ctx.dbs.meta)
 
 
 class _ProbeCleanup:
     """Deletes the probe's megabyte, in a transaction after the probe's."""
 
     solo = True
+    spends_reserve = True  # it makes room
 
     def run(self, ctx: WriteContext) -> None:
-        ctx.txn.delete(_PROBE_KEY, db=ctx.dbs.meta)
+        for key in _PROBE_KEYS:
+            ctx.txn.delete(key, db=ctx.dbs.meta)
 
 
 async def _commit_probe(services: Services) -> bool:
@@ -150,6 +169,7 @@ async def _commit_probe(services: Services) -> bool:
     # stuck writer keeps this request waiting, and every other one gets 503.
     with trio.CancelScope(shield=True):
         try:
+            await services.writer.submit(_ProbeTick())
             await services.writer.submit(_ProbeWrite())
         except StorageError:
             return False

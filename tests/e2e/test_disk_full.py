@@ -105,6 +105,33 @@ async def test_a_data_file_that_may_not_grow_is_not_ready(
     assert len(await outbox_dump(server.data_dir)) == 26
 
 
+async def test_a_full_map_that_retention_empties_is_ready_again_without_traffic(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # helper-82: the probe's one 1 MB value needed 256 free pages in a row, which a map
+    # a sweep has just emptied seldom has: /readyz stayed 503 with half the map free,
+    # and a node out of its balancer's rotation gets no traffic to make a small commit.
+    server = await start_server(nursery, tmp_path, map_size_mb=2, max_map_size_mb=2,
+                                outbox_retention_hours=0.001, retention_interval_s=0.2)
+    status, batch = 202, 0
+    while status == 202:
+        events = [pageview(f"fill-{batch}-{i}", type="custom", name="n", label="x" * 4000) for i in range(20)]
+        status = (await server.client.post("/v1/events", json={"events": events}, headers=H)).status_code
+        batch += 1
+    assert status == 503 and batch > 5
+    assert (await server.client.get("/readyz")).status_code == 503
+    server.clock.offset += 8 * 86_400  # past outbox retention and the idempotency window
+    for _ in range(60):  # (the sweep runs every 0.2 s; readiness is asked as a balancer would)
+        if (await server.client.get("/readyz")).status_code == 200:
+            break
+        await trio.sleep(0.3)
+    else:
+        raise AssertionError("/readyz stayed 503 after retention emptied the map")
+    big = [pageview(f"after-{i}", type="custom", name="n", label="x" * 4000) for i in range(20)]
+    again = await server.client.post("/v1/events", json={"events": big}, headers=H)
+    assert again.status_code == 202 and again.json()["accepted"] == 20, again.text
+
+
 def test_no_new_data_directory_on_a_full_disk(small_disk: Path, tmp_path: Path) -> None:
     # LMDB maps its new lock file: without space that is a SIGBUS, not an error. Refused first.
     free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
