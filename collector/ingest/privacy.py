@@ -173,6 +173,7 @@ _PAIR_CLASS: dict[tuple[str, str], str] = {
     ("seguridad", "social"): "government_id", ("seguro", "social"): "government_id",
     ("securite", "sociale"): "government_id", ("numero", "fiscal"): "government_id",
     ("codice", "fiscale"): "government_id", ("carte", "identite"): "government_id",
+    ("carta", "identita"): "government_id", ("tarjeta", "identidad"): "government_id",
     ("documento", "identidad"): "government_id", ("numero", "identificacion"): "government_id",
     ("numero", "pasaporte"): "government_id",
     ("numero", "cuenta"): "financial", ("cuenta", "bancaria"): "financial", ("compte", "bancaire"): "financial",
@@ -183,7 +184,7 @@ _PAIR_CLASS: dict[tuple[str, str], str] = {
 # Words that join the words of a name in other languages ("numero_de_tarjeta",
 # "code-de-securite"): left out when pairs are looked for.
 _CONNECTORS = frozenset({"de", "du", "des", "del", "della", "di", "da", "do", "dos", "das", "der", "die",
-                         "la", "le", "el", "van", "von"})
+                         "la", "le", "el", "van", "von", "d"})  # "d": an elided d' ("carte_d_identite")
 # Letters that Unicode does not decompose into a base letter and a mark, and "ñ",
 # which is read as its sound: "niño" folded to "nino" would be the UK's NINO
 # (contraseña reads as the Catalan "contrasenya", which is listed).
@@ -231,8 +232,18 @@ _PAYMENT_CARD_WORDS = frozenset({"credit", "debit", "cc", "cvv", "cvc", "csc", "
 # The same for card names in languages that put the kind after the card ("tarjeta_fidelidad").
 _NOT_PAYMENT_CARD_AFTER = frozenset({
     "fidelidad", "fidelite", "fedelta", "socio", "membre", "miembro", "adherent", "sanitaria", "vitale",
-    "transporte", "estudiante", "etudiant", "studente", "cliente", "client", "biblioteca", "bibliotheque",
+    "transporte", "estudiante", "etudiant", "etudiante", "studente", "cliente", "client", "biblioteca",
+    "bibliotheque", "identite", "identita", "identidad", "identidade", "cadeau", "regalo", "presente",
+    "grise", "sejour", "residencia", "residenza", "navigo", "jeune", "senior", "famille",
 })  # fmt: skip
+# Card words of languages that run the kind into the word ("Kundenkartennummer",
+# "klantenkaartnummer"): a payment card only when what comes before names one.
+_COMPOUND_CARD_WORDS = ("kartennummer", "kaartnummer", "karte", "kaart")
+_COMPOUND_PAYMENT_KINDS = frozenset({"", "kredit", "credit", "debit", "bank", "zahlungs", "betaal"})
+# A "security code" in these languages is as often a captcha's as a card's: withheld, but
+# on its own no checkout ("código de seguridad" under a contact form).
+_SECURITY_CODE_PAIRS = frozenset({("codigo", "seguridad"), ("code", "securite"), ("codigo", "seguranca"),
+                                  ("codice", "sicurezza")})
 # Purposes a form named after a checkout may have besides taking the order: "checkoutSurvey",
 # "post-checkout-signup" are other forms; "checkout-billing" and "checkout-v2" are checkouts.
 _OTHER_PURPOSE = frozenset({
@@ -389,6 +400,14 @@ def _names_payment_card(name: str) -> bool:
         return False  # "loyalty_card_number", "id_card_number"; "guest_card_number" is a checkout's
     if "captcha" in words or _NOT_PAYMENT_CARD_AFTER.intersection(words):
         return False
+    joined = [word for word in words if word not in _CONNECTORS]
+    if any(pair in _SECURITY_CODE_PAIRS for pair in zip(joined, joined[1:], strict=False)):
+        return False
+    for index, word in enumerate(joined):
+        for card in _COMPOUND_CARD_WORDS:
+            if word.endswith(card):
+                kind = word[: -len(card)] or (joined[index - 1] if index else "")
+                return kind in _COMPOUND_PAYMENT_KINDS
     if "on" in words and "name" in words:  # "name on card", not "name on badge"
         return "card" in words or "nameoncard" in "".join(words)
     return True

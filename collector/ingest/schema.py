@@ -84,11 +84,15 @@ class EventConsent(Consent, frozen=True, omit_defaults=True):
     identity_resolution_pascal: bool | None = msgspec.field(default=None, name="IdentityResolution")
     identity_resolution_lower: bool | None = msgspec.field(default=None, name="identityresolution")
     identity_resolution_upper: bool | None = msgspec.field(default=None, name="IDENTITY_RESOLUTION")
+    identity_resolution_title: bool | None = msgspec.field(default=None, name="Identity_Resolution")
+    identity_resolution_spaced: bool | None = msgspec.field(default=None, name="identity resolution")
     third_party_sharing: bool | None = None
     third_party_sharing_kebab: bool | None = msgspec.field(default=None, name="third-party-sharing")
     third_party_sharing_pascal: bool | None = msgspec.field(default=None, name="ThirdPartySharing")
     third_party_sharing_lower: bool | None = msgspec.field(default=None, name="thirdpartysharing")
     third_party_sharing_upper: bool | None = msgspec.field(default=None, name="THIRD_PARTY_SHARING")
+    third_party_sharing_title: bool | None = msgspec.field(default=None, name="Third_Party_Sharing")
+    third_party_sharing_spaced: bool | None = msgspec.field(default=None, name="third party sharing")
 
 
 class Event(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True, tag_field="type"):
@@ -142,8 +146,9 @@ class FileMeta(msgspec.Struct, frozen=True, omit_defaults=True):
     type: Annotated[str, Meta(max_length=128)] | None = None
 
 
-# (\Z, not $: msgspec searches with re, where $ also matches before a final newline)
-UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\Z"
+# ($ also matches before a final newline, as Python's re reads it: validate.check_event
+# refuses such a value, with a message a JavaScript author reads the right way.)
+UUID_PATTERN = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 
 
 class Form(Event, tag="form", frozen=True):
@@ -171,8 +176,8 @@ class Custom(Event, tag="custom", frozen=True):
 
 
 class Identify(Event, tag="identify", frozen=True):
-    hem: Annotated[str, Meta(pattern=r"^[0-9a-f]{64}\Z")]
-    hemMd5: Annotated[str, Meta(pattern=r"^[0-9a-f]{32}\Z")] | None = None
+    hem: Annotated[str, Meta(pattern="^[0-9a-f]{64}$")]
+    hemMd5: Annotated[str, Meta(pattern="^[0-9a-f]{32}$")] | None = None
     rawEmail: Annotated[str, Meta(max_length=320)] | None = None
     rawPhone: Annotated[str, Meta(max_length=64)] | None = None
     identity: dict[str, Any] | None = None

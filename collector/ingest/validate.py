@@ -78,7 +78,8 @@ def _web_url_issue(url: str | None) -> str | None:
 # space around it or in its host; urlsplit would take "http://local host/",
 # "http://\x00/" or a leading space without a word. (A space in a path or query,
 # which a browser percent-encodes, is let through: an SDK may build the URL itself.)
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# (and C1 controls and the Unicode line separators, which split a stored line in two)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def _url_issue(url: str) -> str | None:
@@ -91,12 +92,21 @@ def _url_issue(url: str) -> str | None:
         parts.port  # noqa: B018 (raises ValueError for a port that is not 0-65535)
     except ValueError:
         return "page.url does not parse as a URL"
-    if parts.scheme not in ("http", "https") or not parts.hostname or " " in parts.netloc:
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(ch.isspace() for ch in parts.netloc):
         return "page.url must be an http(s) URL with a host"
     return None
 
 
 _cached_url_issue = functools.lru_cache(maxsize=1024)(_url_issue)
+
+
+def _trailing_newlines(event: AnyEvent, fields: tuple[str, ...]) -> list[EventIssue]:
+    """A pattern's $ let a final newline through ("aa...a\\n" was stored as a hem)."""
+    return [
+        EventIssue(f"$.{name}", f"{name} ends with a newline: send the value alone")
+        for name in fields
+        if (getattr(event, name) or "").endswith("\n")
+    ]
 
 
 # The fields of a consent object (spec 2.2).
@@ -161,8 +171,12 @@ def check_event(event: AnyEvent) -> tuple[AnyEvent, list[EventIssue]]:
             issues.append(
                 EventIssue("$.raw_fields", "raw_fields must be a JSON object of field names to types")
             )
-    if isinstance(event, Identify) and event.identity:
-        issues.extend(_identity_in_clear(event.identity))
+    if isinstance(event, Identify):
+        issues.extend(_trailing_newlines(event, ("hem", "hemMd5")))
+        if event.identity:
+            issues.extend(_identity_in_clear(event.identity))
+    if isinstance(event, Form) and event.form_submission_id is not None:
+        issues.extend(_trailing_newlines(event, ("form_submission_id",)))
     if page is not original:
         event = msgspec.structs.replace(event, page=page)
     return event, issues

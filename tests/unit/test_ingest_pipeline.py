@@ -135,6 +135,9 @@ def test_every_type_is_accepted() -> None:
         # a consent field spelt otherwise would be dropped unread: identity_resolution: false stored identity
         ({"consent": {"analytics": True, "identity_resolution": False}}, "$.consent.identity_resolution"),
         ({"consent": {"analytics": True, "ThirdPartySharing": False}}, "$.consent.ThirdPartySharing"),
+        ({"consent": {"analytics": True, "Identity_Resolution": False}}, "$.consent.Identity_Resolution"),
+        ({"page": {"url": "https://acme.com/a\u2028b", "path": "/", "title": "t"}}, "$.page.url"),
+        ({"page": {"url": "http://acme.com\u00a0/", "path": "/", "title": "t"}}, "$.page.url"),
         # a map key over its limit names the map
         ({"type": "form", "action": "submit", "formId": "f", "fieldCount": 1, "values": {"k" * 257: "v"}},
          "$.values"),
@@ -158,6 +161,11 @@ def test_messages_name_the_right_spelling_and_the_map() -> None:
     fine = run(event(consent={"analytics": True, "marketing": False, "identityResolution": True},
                      page={"url": "https://acme.com/", "path": "/", "title": "Identity resolution & third-party sharing"}))
     assert fine.accepted and stored(fine)["consent"] == {"analytics": True, "identityResolution": True}
+
+
+def test_a_trailing_newline_is_named_as_such() -> None:
+    error = refused(event(type="identify", hem="a" * 64 + "\n"), "validation_error")
+    assert error.extra["details"][0] == {"path": "$.hem", "message": "hem ends with a newline: send the value alone"}
 
 
 def test_every_key_needs_a_device() -> None:

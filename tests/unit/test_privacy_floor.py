@@ -72,6 +72,7 @@ def decode(**fields: object) -> AnyEvent:
         ("numéro de sécurité sociale", "government_id"), ("numero_seguro_social", "government_id"),
         ("kontonummer", "financial"), ("numero_de_cuenta", "financial"), ("compte_bancaire", "financial"),
         ("diagnóstico", "health"), ("alergias", "health"), ("Krankheit", "health"), ("embarazada", "health"),
+        ("carte_d_identite", "government_id"), ("carta_d_identita", "government_id"),
     ],
 )
 def test_sensitive_field_names(name: str, kind: str) -> None:
@@ -258,7 +259,13 @@ def test_the_nearest_compound_selector_that_says_decides(selector: str, checkout
      ("customer_card_number", True), ("card_number_id", True), ("loyalty_card_number", False),
      ("id_card_number", False), ("name_on_badge", False), ("security_code_captcha", False),
      ("numero_de_tarjeta", True), ("numero_tarjeta_credito", True), ("numero_tarjeta_fidelidad", False),
-     ("numero_carte_etudiant", False)],
+     ("numero_carte_etudiant", False),
+     # helper-82: identity, student, gift, vehicle, residence and transport cards dropped their forms
+     ("numero_carte_identite", False), ("numero_carta_identita", False), ("numero_tarjeta_identidad", False),
+     ("numero_carte_etudiante", False), ("numero_carte_cadeau", False), ("numero_tarjeta_regalo", False),
+     ("numero_carte_grise", False), ("numero_carte_de_sejour", False), ("numero_carte_navigo", False),
+     ("kundenkartennummer", False), ("ov_kaartnummer", False), ("codigo_seguridad", False),
+     ("code_de_securite", False), ("Kreditkartennummer", True), ("numero_carte_bancaire", True)],
 )
 def test_a_card_field_makes_a_checkout_unless_it_is_another_kind_of_card(name: str, checkout: bool) -> None:
     from collector.ingest.privacy import Form, apply_form_floor
