@@ -199,11 +199,12 @@ def test_a_worker_stopped_on_purpose_is_started_again_and_no_crash(tmp_path: Pat
     try:
         first = server.children()
         for _ in range(7):  # more than the crash limit (5 within 60 s), had they counted
-            os.kill(server.children()[1], signal.SIGTERM)
+            recycled = server.children()[1]
+            os.kill(recycled, signal.SIGTERM)
             deadline = time.monotonic() + 15
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline:  # gone, replaced, and the replacement serving
                 now = server.children()
-                if len(now) == 2 and answering_workers(server.url, 2) == {0, 1}:
+                if len(now) == 2 and recycled not in now and answering_workers(server.url, 2) == {0, 1}:
                     break
                 time.sleep(0.1)
             assert server.proc.poll() is None, server.log.read_text()[-2000:]
