@@ -473,6 +473,12 @@ async def _serve_http(
 
 def _connection_caps(settings: Settings) -> dict[str, int]:
     total, per_client = default_connection_limits()
+    if settings.max_connections > total:
+        log.warning(
+            "max_connections %d is more than this process's file descriptor limit allows (%d):"
+            " past that, accepting fails with EMFILE instead of a 503; raise LimitNOFILE or lower it",
+            settings.max_connections, total,
+        )
     total = settings.max_connections or total
     return {"total": total, "per_client": settings.max_connections_per_client or min(per_client, total)}
 

@@ -12,12 +12,18 @@ from __future__ import annotations
 
 import atexit
 import os
+import select
 import threading
 import time
 from collections import deque
 
 MAX_BACKLOG_BYTES = 4 * 1024 * 1024
-FLUSH_AT_EXIT_S = 2.0
+# At exit, after a drain of up to graceful_timeout (8 s): the contract's 10 s, and a
+# supervisor's SIGKILL at graceful_timeout + 1 s under `--workers`, leave this much.
+FLUSH_AT_EXIT_S = 0.5
+# A write of at most PIPE_BUF bytes to a pipe is atomic: `--workers` children share
+# one stderr, and longer writes tore lines into each other.
+PIPE_BUF = select.PIPE_BUF
 _DROPPED_LINE = (
     '{"ts":"%s","level":"warning","logger":"collector.logs",'
     '"msg":"%d log lines dropped: stderr was not being read"}\n'
@@ -32,7 +38,7 @@ class StderrSink:
         self._max = max_backlog_bytes
         self._backlog: deque[bytes] = deque()
         self._backlog_bytes = 0
-        self._writing = 0  # bytes taken by the thread and not yet written
+        self._writing = False  # the thread holds lines it has not written yet
         self._unreported_drops = 0
         self.dropped = 0  # every line dropped since the start (a metric reads it)
         self._cond = threading.Condition()
@@ -56,7 +62,7 @@ class StderrSink:
         """Wait up to `timeout_s` for the backlog to be written; False if it was not."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while self._backlog or self._writing:
+            while self._backlog or self._writing or self._unreported_drops:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -71,14 +77,15 @@ class StderrSink:
                 chunk = b"".join(self._backlog)
                 self._backlog.clear()
                 self._backlog_bytes = 0
-                self._writing = len(chunk)
+                self._writing = True  # (an empty chunk with a drop notice is a write too)
                 drops, self._unreported_drops = self._unreported_drops, 0
-            if drops:
+            if drops:  # after the lines taken before the drop, before those taken after it
                 stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())
-                chunk = (_DROPPED_LINE % (stamp, drops)).encode() + chunk
-            self._write_all(chunk)
+                chunk += (_DROPPED_LINE % (stamp, drops)).encode()
+            for piece in _line_pieces(chunk, PIPE_BUF):
+                self._write_all(piece)
             with self._cond:
-                self._writing = 0
+                self._writing = False
                 self._cond.notify_all()
 
     def _write_all(self, data: bytes) -> None:
@@ -88,9 +95,28 @@ class StderrSink:
                 written = os.write(self._fd, view)
             except InterruptedError:
                 continue
+            except BlockingIOError:  # a non-blocking stderr that is full: wait, as a blocking one would
+                select.select([], [self._fd], [])
+                continue
             except OSError:
                 return  # stderr closed or gone: nothing to write to
             view = view[written:]
+
+
+def _line_pieces(data: bytes, limit: int) -> list[bytes]:
+    """`data` cut at line ends into pieces of at most `limit` bytes (a longer line alone)."""
+    pieces: list[bytes] = []
+    start = 0
+    while start < len(data):
+        end = start + limit
+        if end >= len(data):
+            pieces.append(data[start:])
+            break
+        cut = data.rfind(b"\n", start, end)
+        cut = cut + 1 if cut >= start else data.find(b"\n", end) + 1 or len(data)
+        pieces.append(data[start:cut])
+        start = cut
+    return pieces
 
 
 _sink: StderrSink | None = None

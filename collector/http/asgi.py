@@ -51,7 +51,7 @@ def _utf8_cut(text: str, limit: int) -> int:
 
 # Headers that hold one value (not a list): a repeat of the same value adds nothing.
 _SINGLE_VALUED = frozenset({
-    "x-api-key", "idempotency-key", "origin", "referer", "content-type", "user-agent", "host",
+    "x-api-key", "idempotency-key", "origin", "referer", "content-type", "user-agent",
     "x-cs-timestamp", "x-cs-signature", "x-request-id",
 })  # fmt: skip
 

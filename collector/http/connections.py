@@ -61,23 +61,29 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import re
 import resource
-import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import trio
 from hypercorn.events import Closed, Event, RawData, Updated
+from hypercorn.protocol.h2 import H2Protocol
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 
 from collector.errors import ServiceError, render_error
+from collector.http.asgi import request_id_for
+from collector.http.headers import cors_headers
 
 log = logging.getLogger("collector.http")
 
 LOG_EVERY_S = 60.0
 CLOSE_AFTER_SEND_S = 5.0  # how long closing waits for a response still being written
 REFUSE_WRITE_S = 1.0  # how long a connection over a cap may take to be told so
+REFUSE_HEAD_WAIT_S = 0.5  # and to send its request head first (a client sends it at once)
+REFUSE_HEAD_BYTES = 16 * 1024
+_PRINTABLE = re.compile(r"[\x20-\x7e\x80-\xff]*")
 FD_RESERVE = 128  # descriptors kept back from connections: LMDB, listeners, logs, the CLI's files
 MIN_CONNECTIONS = 64
 
@@ -172,17 +178,37 @@ class ConnectionLimits:
 
     async def _refuse(self, stream: trio.SocketStream, which: str, why: str) -> None:
         self._refused(which)
+        # Bounded: a refused client gets a second, not a slot. Its request head, when it
+        # comes at once, gives the X-Request-ID to echo and the Origin a browser script
+        # needs to read the answer (else the SDK sees a network error, not a Retry-After).
+        sent = b""
+        with trio.move_on_after(REFUSE_HEAD_WAIT_S), contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            while b"\r\n\r\n" not in sent and len(sent) < REFUSE_HEAD_BYTES and (data := await stream.receive_some()):
+                sent += data
+        fields = _head_fields(sent)
         body = render_error(ServiceError("service_unavailable", f"{why}: retry shortly"))
-        head = (
-            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nretry-after: 5\r\nx-request-id: {secrets.token_hex(12)}\r\n"
-            "connection: close\r\n\r\n"
-        )
-        # Bounded: a refused client gets a second, not a slot.
+        headers = [
+            ("content-type", "application/json"), ("content-length", str(len(body))), ("retry-after", "5"),
+            ("x-request-id", request_id_for(fields.get("x-request-id", ""))),
+            *cors_headers(fields.get("origin")), ("connection", "close"),
+        ]  # fmt: skip
+        head = "HTTP/1.1 503 Service Unavailable\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n"
         with trio.move_on_after(REFUSE_WRITE_S), contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            await stream.send_all(head.encode() + body)
+            await stream.send_all(head.encode("latin-1") + body)
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             await trio.aclose_forcefully(stream)
+
+
+def _head_fields(sent: bytes) -> dict[str, str]:
+    """The header fields of an HTTP/1.1 request head (what of it arrived), lower-cased names."""
+    fields: dict[str, str] = {}
+    for line in sent.partition(b"\r\n\r\n")[0].split(b"\r\n")[1:]:
+        name, colon, value = line.partition(b":")
+        if colon and name and not name[-1:].isspace():
+            text = value.strip().decode("latin-1")
+            if _PRINTABLE.fullmatch(text):  # (echoed in a header: nothing that could break it)
+                fields.setdefault(name.decode("latin-1").lower(), text)
+    return fields
 
 
 def _peer_host(stream: trio.SocketStream) -> str | None:
@@ -360,6 +386,10 @@ class Connection(TCPServer):
         # a body trickled a byte at a time, each within read_timeout, held its
         # connection (and its buffered body) for as long as the client liked.
         per_read = trio.current_time() + self.config.read_timeout if self.config.read_timeout else math.inf
+        if isinstance(self.protocol.protocol, H2Protocol):
+            # HTTP/2 is busy while any of its streams is: its requests overlap, and a
+            # deadline from the first would cut the ones that came later (not bounded here).
+            return per_read
         return min(per_read, self._request_began + self._request_timeout)
 
     async def _read_data(self) -> None:
@@ -379,6 +409,14 @@ class Connection(TCPServer):
         self._reading_done = True
         self._idle_watch.end()
         await self.protocol.handle(Closed())
+        # The client is gone. What still runs for it (a request being answered)
+        # gets request_timeout to finish, then is cancelled: an HTTP/2 answer to a
+        # client that closed waited forever for its stream buffer to drain, and the
+        # connection (its descriptor, its place under max_connections) with it.
+        nursery = self._task_group._nursery
+        if nursery is not None:
+            scope = nursery.cancel_scope
+            scope.deadline = min(scope.deadline, trio.current_time() + self._request_timeout)
 
 
 def _is_final_response_head(data: bytes) -> bool:

@@ -222,6 +222,31 @@ async def test_a_client_that_reads_nothing_is_cut_off_at_the_request_timeout(
     assert (await server.client.get("/healthz")).status_code == 200
 
 
+def _h2_request_then_close(base_url: str) -> None:
+    url = urlsplit(base_url)
+    with socket.create_connection((url.hostname, url.port), timeout=5) as sock:
+        conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        conn.send_headers(1, [(":method", "GET"), (":path", "/healthz"), (":authority", "x"), (":scheme", "http")],
+                          end_stream=True)
+        sock.sendall(conn.data_to_send())
+
+
+async def test_an_http2_client_that_closes_at_once_gives_its_connection_back(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # helper-83: its answer waited forever for a stream buffer no one drained; with
+    # max_connections every later client got 503 for good.
+    server = await start_server(nursery, tmp_path, max_connections=8, request_timeout=1)
+    for _ in range(8):
+        await trio.to_thread.run_sync(_h2_request_then_close, server.base_url)
+    await trio.sleep(3)  # past request_timeout
+    async with await _open(server) as stream:
+        with trio.fail_after(5):
+            await _served(stream)
+    assert "collector_connections_open 1.0" in (await server.client.get("/metrics")).text
+
+
 async def test_connections_over_a_cap_are_told_503_at_once(nursery: trio.Nursery, tmp_path: Path) -> None:
     # helper-78: one client's idle connections took every descriptor and locked everyone out.
     server = await start_server(nursery, tmp_path, max_connections=6, max_connections_per_client=3)
@@ -229,11 +254,15 @@ async def test_connections_over_a_cap_are_told_503_at_once(nursery: trio.Nursery
     try:
         await _served(held[0])  # (each is served; they stay open)
         async with await _open(server) as fourth:
+            # its X-Request-ID echoed, and CORS so that a browser SDK reads the 503 and its Retry-After
+            await fourth.send_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Request-ID: mine-1\r\n"
+                                  b"Origin: https://acme.com\r\n\r\n")
             with trio.fail_after(5):
                 answer = await _read_response(fourth)
         assert answer.startswith(b"HTTP/1.1 503"), answer
         head, _, body = answer.partition(b"\r\n\r\n")
-        assert b"x-request-id: " in head and b"retry-after: 5" in head and b"connection: close" in head
+        assert b"x-request-id: mine-1\r\n" in head and b"retry-after: 5" in head and b"connection: close" in head
+        assert b"Access-Control-Allow-Origin: https://acme.com" in head
         assert json.loads(body)["error"] == "service_unavailable"
         assert b"as many connections as one client may" in body
         await held.pop().aclose()
