@@ -100,6 +100,11 @@ async def test_operational_routes_take_any_host_close_when_asked_and_answer_head
 
 
 HEALTH = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+# A POST head promising a 1,000-byte body.
+EVENTS_HEAD_1000 = (
+    f"POST /v1/events HTTP/1.1\r\nHost: x\r\nX-API-Key: {BROWSER_KEY}\r\n"
+    "Origin: https://acme.com\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+).encode()
 
 
 async def _read_response(stream: trio.SocketStream) -> bytes:
@@ -164,11 +169,7 @@ async def test_a_connection_closes_when_its_client_does_or_a_request_stalls(
     # A request whose body stalls longer than read_timeout: the connection closes
     # and nothing is stored.
     async with await _open(server) as stream:
-        await stream.send_all(
-            f"POST /v1/events HTTP/1.1\r\nHost: x\r\nX-API-Key: {BROWSER_KEY}\r\n"
-            "Origin: https://acme.com\r\nContent-Type: application/json\r\n"
-            "Content-Length: 1000\r\n\r\n{".encode()
-        )
+        await stream.send_all(EVENTS_HEAD_1000 + b"{")
         with trio.fail_after(4):
             assert await stream.receive_some() == b""
     assert await outbox_dump(server.data_dir) == []
@@ -180,10 +181,7 @@ async def test_a_body_trickled_within_each_read_timeout_is_cut_at_the_request_ti
     # helper-78: a byte every 25 s kept a request (and its buffered body) open without end.
     server = await start_server(nursery, tmp_path, read_timeout=1, request_timeout=2)
     async with await _open(server) as stream:
-        await stream.send_all(
-            f"POST /v1/events HTTP/1.1\r\nHost: x\r\nX-API-Key: {BROWSER_KEY}\r\n"
-            "Origin: https://acme.com\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n".encode()
-        )
+        await stream.send_all(EVENTS_HEAD_1000)
         closed = False
         with trio.move_on_after(15):
             for _ in range(60):  # a byte every 0.25 s: each read well within read_timeout
