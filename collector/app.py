@@ -447,6 +447,7 @@ async def _serve_http(
             **_connection_caps(services.settings),
             trusted=services.proxies.trusted,
             refused=partial(services.metrics.count_labelled, "collector_connections_refused"),
+            access_log=services.settings.access_log,
         )
         async with trio.open_nursery() as deadline_watch:
             async with trio.open_nursery() as connections:

@@ -521,7 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="sub", required=True
     )
     s_mint = tokens.add_parser("mint", help="mint a csst_ token for KEY's tenant (stands in for a dashboard session)")
-    s_mint.add_argument("--key", required=True, help="the API key whose tenant and scopes the token carries")
+    s_mint.add_argument("--key", required=True, help="the API key the token names, by fingerprint, for its tenant")
     s_mint.add_argument("--ttl", type=int, default=300, help="seconds the token is valid (1 to 86400; default 300)")
     _data_dir_option(s_mint)
     s_mint.set_defaults(func=cmd_stream_token_mint)
@@ -581,11 +581,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also copy the field-encryption key file (otherwise back it up separately)",
     )
+    # (the serving config names the key file when it is not the default: helper-85)
+    b_backup.add_argument("--config", default=None, help="a TOML file (for field_key_file)")
     _data_dir_option(b_backup)
     b_backup.set_defaults(func=cmd_backup)
     b_restore = commands.add_parser("restore", help="verify SRC's checksum and restore it (server stopped)")
     b_restore.add_argument("src")
     b_restore.add_argument("--force", action="store_true", help="replace a non-empty data directory")
+    b_restore.add_argument("--config", default=None, help="a TOML file (for field_key_file)")
     _data_dir_option(b_restore)
     b_restore.set_defaults(func=cmd_restore)
     c_check = commands.add_parser("check", help="verify the data directory; exit 1 on problems")

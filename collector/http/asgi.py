@@ -109,7 +109,8 @@ async def read_body(request: Request, receive: Receive, limit: int) -> bytes:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise ClientGone()
+            client = request.scope.get("client")
+            raise ClientGone(timed_out=client is not None and tuple(client) in CUT_BY_TIMEOUT)
         chunk = message.get("body", b"")
         if chunk:
             size += len(chunk)
@@ -128,7 +129,18 @@ def _too_large(limit: int) -> ServiceError:
 
 
 class ClientGone(Exception):
-    """The client disconnected before its request body arrived."""
+    """The client disconnected before its request body arrived, or the server stopped
+    waiting for it (`timed_out`: read_timeout or request_timeout)."""
+
+    def __init__(self, *, timed_out: bool = False) -> None:
+        super().__init__()
+        self.timed_out = timed_out
+
+
+# The (address, port) of the connections whose request the server cut for being too
+# slow, while they last (collector/http/connections.py): the request is then logged
+# as the server's timeout (408), not as a client that left (499).
+CUT_BY_TIMEOUT: set[tuple[str, int]] = set()
 
 
 # A refusal sent before the body was read (a bad key, a rate limit) reads and

@@ -73,7 +73,8 @@ from hypercorn.protocol.h2 import H2Protocol
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 
 from collector.errors import ServiceError, render_error
-from collector.http.asgi import request_id_for
+from collector.http.access_log import log_request
+from collector.http.asgi import CUT_BY_TIMEOUT, Request, request_id_for
 from collector.http.headers import cors_headers
 
 log = logging.getLogger("collector.http")
@@ -145,8 +146,10 @@ class ConnectionLimits:
         per_client: int,
         trusted: Callable[[str], bool],
         refused: Callable[[str], None],
+        access_log: bool = False,
     ) -> None:
         self._handler = handler
+        self._access_log = access_log
         self.total, self.per_client = total, per_client
         self._trusted = trusted
         self._refused = refused
@@ -177,6 +180,7 @@ class ConnectionLimits:
                     del self._by_client[client]
 
     async def _refuse(self, stream: trio.SocketStream, which: str, why: str) -> None:
+        started = time.perf_counter()
         self._refused(which)
         # Bounded: a refused client gets a second, not a slot. Its request head, when it
         # comes at once, gives the X-Request-ID to echo and the Origin a browser script
@@ -195,6 +199,11 @@ class ConnectionLimits:
         head = "HTTP/1.1 503 Service Unavailable\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n"
         with trio.move_on_after(REFUSE_WRITE_S), contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             await stream.send_all(head.encode("latin-1") + body)
+        if self._access_log:  # one line per request, as for every other answer
+            method, _, rest = sent.partition(b"\r\n")[0].decode("latin-1").partition(" ")
+            scope = {"method": method or "-", "path": rest.partition(" ")[0] or "-",
+                     "headers": [(b"x-request-id", dict(headers)["x-request-id"].encode("latin-1"))]}
+            log_request(Request(scope), "connection_cap", 503, "service_unavailable", None, started)
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             await trio.aclose_forcefully(stream)
 
@@ -311,7 +320,9 @@ class IdleWatch:
 
 class Connection(TCPServer):
     _idle = True  # no request in progress (hypercorn starts the idle task before reading)
-    _request_began = 0.0  # when the request in progress began
+    _request_began = 0.0  # when the request in progress began (its first byte)
+    _head_began: float | None = None  # when the first byte of a request head not yet whole came
+    _cut_peer: tuple[str, int] | None = None  # in CUT_BY_TIMEOUT while this connection lasts
     _reading_done = False
     _read_scope: trio.CancelScope | None = None
     _held_head = b""  # a final response's head, waiting for the write after it
@@ -341,7 +352,8 @@ class Connection(TCPServer):
             await self._write(held)
         if isinstance(event, Updated):
             if self._idle and not event.idle:
-                self._request_began = trio.current_time()
+                self._request_began = self._head_began if self._head_began is not None else trio.current_time()
+            self._head_began = None
             self._idle = event.idle
             if self._read_scope is not None:  # a read already waiting takes the new bound
                 self._read_scope.deadline = self._read_deadline()
@@ -365,6 +377,13 @@ class Connection(TCPServer):
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 await self.protocol.handle(Closed())
 
+    async def run(self) -> None:
+        try:
+            await super().run()
+        finally:  # (every task of the connection has ended: none will ask any more)
+            if self._cut_peer is not None:
+                CUT_BY_TIMEOUT.discard(self._cut_peer)
+
     async def _close(self) -> None:
         # hypercorn sends EOF without its send lock: when h11 gives up on the
         # connection (a request pipelined behind a refusal whose body was not
@@ -379,13 +398,25 @@ class Connection(TCPServer):
                     return
         await super()._close()
 
+    def _mark_cut(self) -> None:
+        """Remember, while the connection lasts, that its request was cut for being slow."""
+        with contextlib.suppress(OSError):
+            peer = self.stream.socket.getpeername()
+            self._cut_peer = (peer[0], peer[1])
+            CUT_BY_TIMEOUT.add(self._cut_peer)
+
     def _read_deadline(self) -> float:
+        per_read = trio.current_time() + self.config.read_timeout if self.config.read_timeout else math.inf
         if self._idle:
-            return math.inf  # the idle task's keep_alive_timeout bounds the wait
+            if self._head_began is None:
+                return math.inf  # the idle task's keep_alive_timeout bounds the wait
+            # Part of a request head came: hypercorn calls the connection busy only
+            # once the head is whole, and a head sent a line at a time (or never
+            # finished) was held for keep_alive_timeout.
+            return min(per_read, self._head_began + self._request_timeout)
         # Each read within read_timeout, and the whole request within request_timeout:
         # a body trickled a byte at a time, each within read_timeout, held its
         # connection (and its buffered body) for as long as the client liked.
-        per_read = trio.current_time() + self.config.read_timeout if self.config.read_timeout else math.inf
         if isinstance(self.protocol.protocol, H2Protocol):
             # HTTP/2 is busy while any of its streams is: its requests overlap, and a
             # deadline from the first would cut the ones that came later (not bounded here).
@@ -401,8 +432,11 @@ class Connection(TCPServer):
                 except (trio.ClosedResourceError, trio.BrokenResourceError):
                     data = b""
             self._read_scope = None
-            if scope.cancelled_caught:  # read_timeout inside a request
+            if scope.cancelled_caught:  # read_timeout or request_timeout inside a request
+                self._mark_cut()
                 break
+            if data and self._idle and self._head_began is None and not isinstance(self.protocol.protocol, H2Protocol):
+                self._head_began = trio.current_time()
             await self.protocol.handle(RawData(bytes(data)))
             if data == b"":
                 break

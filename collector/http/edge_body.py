@@ -114,8 +114,6 @@ def edge_to_event(body: bytes, *, user_agent: str | None, now_ms: int, website_k
         path = urlsplit(edge.url).path or "/"
     except ValueError:  # ("http://[::1", a host that changes under NFKC): it was a 500
         raise _invalid("$.url", "url does not parse as a URL") from None
-    if edge.clientIp is not None and not _is_address(edge.clientIp):
-        raise _invalid("$.clientIp", "clientIp is not an IPv4 or IPv6 address")
     page: dict[str, Any] = {"url": edge.url, "path": path, "title": edge.title or ""}
     if edge.referrer:
         page["referrer"] = edge.referrer
@@ -152,6 +150,17 @@ def edge_to_event(body: bytes, *, user_agent: str | None, now_ms: int, website_k
     if truncated is not content:  # the previous version's identity was of the request uncut
         legacy = _identity_encoder.encode(content)
     return EdgeTranslation(_encoder.encode(event), edge.url, identity, legacy, edge.clientIp)
+
+
+def relayed_address(client_ip: str | None) -> str | None:
+    """A trusted relay's `clientIp`, checked: it stands for the visitor's address.
+
+    Checked only for a relay the operator trusts: from anyone else it is ignored,
+    and a malformed one ("", "unknown", a port) must not lose the pageview.
+    """
+    if client_ip is not None and not _is_address(client_ip):
+        raise _invalid("$.clientIp", "clientIp is not an IPv4 or IPv6 address")
+    return client_ip
 
 
 def _is_address(text: str) -> bool:

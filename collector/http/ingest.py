@@ -21,7 +21,7 @@ from collector.access.tenants import KeyType, Site
 from collector.errors import ServiceError
 from collector.http.asgi import Receive, Request
 from collector.http.consent_body import consent_to_event
-from collector.http.edge_body import edge_to_event, in_edge_terms
+from collector.http.edge_body import edge_to_event, in_edge_terms, relayed_address
 from collector.http.headers import (
     billing_block,
     refusal_body,
@@ -175,7 +175,7 @@ async def _ingest(
             # headers are not theirs, and the clientIp it sends stands for theirs.
             # Anyone else could claim any address, and is judged as on /v1/events.
             if visitor_ip is not None and services.proxies.trusted(visitor_ip):
-                visitor_ip = sent_ip
+                visitor_ip = relayed_address(sent_ip)
                 if not (hdr.get("origin") or hdr.get("referer")):
                     evidence_headers = {}
             if site is None:

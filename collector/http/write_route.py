@@ -231,10 +231,13 @@ def make_write_handler(
             headers.extend(error.response_headers().items())
         except RawErrorBody as raw:
             status, answer, error_code = raw.status, _encoder.encode(raw.body), "content_type"
-        except ClientGone:
-            services.metrics.count_request(route, 499)
-            if access_log:  # (nginx's 499: the client closed before its answer)
-                log_request(request, route, 499, "client_closed", seen.client_id, started)
+        except ClientGone as gone:
+            # nginx's 499: the client closed before its answer; 408: the server stopped
+            # waiting for a request too slow to arrive (no answer is sent either way)
+            status, code = (408, "request_timeout") if gone.timed_out else (499, "client_closed")
+            services.metrics.count_request(route, status)
+            if access_log:
+                log_request(request, route, status, code, seen.client_id, started)
             return
         except (WriterBusy, StorageError) as exc:
             # The access line says 503 storage_unavailable; this says why.

@@ -60,3 +60,21 @@ def test_a_restore_that_leaves_no_field_key_file_says_so(tmp_path: Path) -> None
     run_cli("backup", str(tmp_path / "bk2"), "--with-field-keys", data_dir=data_dir)
     restored = run_cli("restore", str(tmp_path / "bk2"), data_dir=tmp_path / "restored2")
     assert "warning" not in restored.stderr and (tmp_path / "restored2" / "field-keys.json").is_file()
+
+
+def test_backup_finds_a_field_key_file_the_config_names(tmp_path: Path) -> None:
+    # helper-85: with field_key_file set in the serving config (as a systemd install
+    # may), `backup --with-field-keys` looked beside the data and took no --config.
+    data_dir, keys = tmp_path / "data", tmp_path / "secrets" / "fk.json"
+    keys.parent.mkdir()
+    keys.write_text('{"active": "k1", "keys": {"k1": "' + "A" * 44 + '"}}')
+    keys.chmod(0o600)
+    config = tmp_path / "collector.toml"
+    config.write_text(f'field_key_file = "{keys}"\n')
+    run_cli("tenants", "import", str(write_tenants(tmp_path / "t.json")), data_dir=data_dir)
+    without = run_cli("backup", str(tmp_path / "bk0"), "--with-field-keys", data_dir=data_dir, check=False)
+    assert without.returncode == 2 and "no field key file" in without.stderr
+    run_cli("backup", str(tmp_path / "bk"), "--with-field-keys", "--config", str(config), data_dir=data_dir)
+    assert (tmp_path / "bk" / "field-keys.json").read_bytes() == keys.read_bytes()
+    restored = run_cli("restore", str(tmp_path / "bk"), "--config", str(config), data_dir=tmp_path / "restored")
+    assert restored.returncode == 0, restored.stderr

@@ -14,13 +14,14 @@ from pathlib import Path
 RESULTS = Path(__file__).parents[2] / "bench" / "results"
 
 
-def _bench_dirs() -> set[Path]:
-    return set(Path(tempfile.gettempdir()).glob("bench-*"))
+def _bench_dirs(under: Path | None = None) -> set[Path]:
+    return set((under or Path(tempfile.gettempdir())).glob("bench-*"))
 
 
-def _servers() -> list[str]:
+def _servers(under: Path | None = None) -> list[str]:
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return [line for line in ps.splitlines() if "collector serve" in line and "/bench-" in line]
+    marker = f"{under}/bench-" if under is not None else "/bench-"
+    return [line for line in ps.splitlines() if "collector serve" in line and marker in line]
 
 
 def test_bench_check_runs_and_reports(tmp_path: Path) -> None:
@@ -48,13 +49,16 @@ def test_bench_check_runs_and_reports(tmp_path: Path) -> None:
         path.unlink()
 
 
-def test_a_stopped_bench_cleans_up_and_keeps_what_finished() -> None:
+def test_a_stopped_bench_cleans_up_and_keeps_what_finished(tmp_path: Path) -> None:
     # SIGTERM orphaned the collector and wrk and left the data directory; Ctrl-C
-    # lost the scenarios already finished (audit helper-51).
-    before, dirs_before = set(RESULTS.glob("*.json")), _bench_dirs()
+    # lost the scenarios already finished (audit helper-51). Its temporary files go to a
+    # directory of this test's own: another bench on the machine is not this one's.
+    own_tmp = tmp_path / "tmp"
+    own_tmp.mkdir()
+    before = set(RESULTS.glob("*.json"))
     bench = subprocess.Popen(
         [sys.executable, "-m", "bench", "--scenarios", "baseline,batch25", "--duration", "6", "--warmup", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(own_tmp)},
     )
     assert bench.stdout is not None
     for line in bench.stdout:
@@ -65,7 +69,7 @@ def test_a_stopped_bench_cleans_up_and_keeps_what_finished() -> None:
     out, err = bench.communicate(timeout=60)
     assert bench.returncode == 130, err[-2000:]
     assert "interrupted (SIGTERM)" in err and out.splitlines()[2].startswith("baseline ")
-    assert not _servers() and _bench_dirs() <= dirs_before
+    assert not _servers(own_tmp) and not _bench_dirs(own_tmp)
     written = set(RESULTS.glob("*.json")) - before
     assert len(written) == 1
     report = json.loads(max(written).read_text())

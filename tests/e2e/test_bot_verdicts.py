@@ -205,6 +205,13 @@ async def test_an_edge_pageview_is_judged_by_its_visitor_not_by_the_edge_worker(
             "_eid": "edge-bad-ip", "visitorId": "v", "sessionId": "s", "url": "https://acme.com/", "clientIp": bad_ip})
         assert (bad.status_code, bad.json()["error"]) == (400, "validation_error"), bad.text
         assert bad.json()["details"] == [{"path": "$.clientIp", "message": "clientIp is not an IPv4 or IPv6 address"}]
+    # From a sender that is no trusted relay clientIp is ignored: a malformed one (an edge
+    # worker forwarding a missing header as "") lost the pageview (helper-85).
+    for index, bad_ip in enumerate(("", "unknown", "203.0.113.5:443")):
+        fine = await server.client.post("/v1/edge/pageview", headers=stranger, json={
+            "_eid": f"stranger-bad-ip-{index}", "visitorId": "v", "sessionId": "s", "url": "https://acme.com/",
+            "clientIp": bad_ip})
+        assert fine.json()["accepted"] == 1, fine.text
 
 
 async def test_native_clients_are_exempt_except_from_automation(nursery: trio.Nursery, tmp_path: Path) -> None:

@@ -6,7 +6,9 @@ import json
 import logging
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import h2.config
@@ -15,6 +17,8 @@ import h2.events
 import pytest
 import trio
 
+from collector.http import access_log
+from collector.log_sink import stderr_sink
 from tests.conftest import BROWSER_KEY, RunningServer, pageview, start_server
 from tests.helpers import outbox_dump
 
@@ -175,11 +179,26 @@ async def test_a_connection_closes_when_its_client_does_or_a_request_stalls(
     assert await outbox_dump(server.data_dir) == []
 
 
+@pytest.fixture
+def access_lines(
+    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> Callable[[], list[dict[str, Any]]]:
+    """The access lines written so far (the log at INFO, as `serve` configures it)."""
+    monkeypatch.setattr(logging.getLogger("collector.access"), "level", logging.INFO)
+
+    def read() -> list[dict[str, Any]]:
+        access_log.flush()  # (lines wait up to 0.25 s in a batch)
+        assert stderr_sink().flush(5)
+        return [json.loads(line) for line in capfd.readouterr().err.splitlines() if '"msg":"request"' in line]
+
+    return read
+
+
 async def test_a_body_trickled_within_each_read_timeout_is_cut_at_the_request_timeout(
-    nursery: trio.Nursery, tmp_path: Path
+    nursery: trio.Nursery, tmp_path: Path, access_lines: Callable[[], list[dict[str, Any]]]
 ) -> None:
     # helper-78: a byte every 25 s kept a request (and its buffered body) open without end.
-    server = await start_server(nursery, tmp_path, read_timeout=1, request_timeout=2)
+    server = await start_server(nursery, tmp_path, read_timeout=1, request_timeout=2, access_log=True)
     async with await _open(server) as stream:
         await stream.send_all(EVENTS_HEAD_1000)
         closed = False
@@ -197,6 +216,33 @@ async def test_a_body_trickled_within_each_read_timeout_is_cut_at_the_request_ti
                         break
         assert closed, "the trickled request was never cut"
     assert await outbox_dump(server.data_dir) == []
+    # logged as the server's timeout, not as a client that left (helper-85)
+    cut = [line for line in access_lines() if line["route"] == "/v1/events"]
+    assert [(line["status"], line["error"]) for line in cut] == [(408, "request_timeout")], cut
+
+
+async def test_a_request_head_sent_in_part_or_a_line_at_a_time_is_cut_like_a_body(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # helper-85: the connection counted as idle until the head was whole, so a head
+    # never finished, or trickled a line at a time, was held for keep_alive_timeout.
+    server = await start_server(nursery, tmp_path, read_timeout=1, request_timeout=3, keep_alive_timeout=60)
+    async with await _open(server) as stream:
+        await stream.send_all(b"POST /v1/events HTTP/1.1\r\nHost: x\r\n")  # and nothing more
+        with trio.fail_after(5):
+            assert await stream.receive_some() == b""
+    async with await _open(server) as stream:
+        cut = False
+        with trio.move_on_after(20):
+            await stream.send_all(b"POST /v1/events HTTP/1.1\r\nHost: x\r\n")
+            for n in range(40):  # a line every 0.5 s: each within read_timeout
+                await trio.sleep(0.5)
+                try:
+                    await stream.send_all(f"X-Line-{n}: {n}\r\n".encode())
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    cut = True
+                    break
+        assert cut, "a head trickled a line at a time was never cut"
 
 
 async def test_a_client_that_reads_nothing_is_cut_off_at_the_request_timeout(
@@ -245,9 +291,11 @@ async def test_an_http2_client_that_closes_at_once_gives_its_connection_back(
     assert "collector_connections_open 1.0" in (await server.client.get("/metrics")).text
 
 
-async def test_connections_over_a_cap_are_told_503_at_once(nursery: trio.Nursery, tmp_path: Path) -> None:
+async def test_connections_over_a_cap_are_told_503_at_once(
+    nursery: trio.Nursery, tmp_path: Path, access_lines: Callable[[], list[dict[str, Any]]]
+) -> None:
     # helper-78: one client's idle connections took every descriptor and locked everyone out.
-    server = await start_server(nursery, tmp_path, max_connections=6, max_connections_per_client=3)
+    server = await start_server(nursery, tmp_path, max_connections=6, max_connections_per_client=3, access_log=True)
     held = [await _open(server) for _ in range(3)]
     try:
         await _served(held[0])  # (each is served; they stay open)
@@ -272,6 +320,8 @@ async def test_connections_over_a_cap_are_told_503_at_once(nursery: trio.Nursery
             await stream.aclose()
     metrics = (await server.client.get("/metrics")).text
     assert 'collector_connections_refused_total{cap="per_client"} 1.0' in metrics
+    refused = [line for line in access_lines() if line["route"] == "connection_cap"]
+    assert [(line["status"], line["method"], line["requestId"]) for line in refused] == [(503, "GET", "mine-1")]
     assert "collector_connections_max 6.0" in metrics
 
 
