@@ -28,6 +28,8 @@ DB_NAMES = (
 )
 DEFAULT_MAP_SIZE = 64 * 1024 * 1024
 DEFAULT_MAX_MAP_SIZE = 1 << 40  # a terabyte of address space: the disk ends first
+# Free pages a map at its cap keeps for the jobs that make room (1% of it when more).
+RESERVE_PAGES = 64
 
 
 
@@ -230,6 +232,20 @@ class Storage:
         live = sum(s["branch_pages"] + s["leaf_pages"] + s["overflow_pages"] for s in stats)
         capacity = map_size // stats[-1]["psize"]
         return capacity - live - 2, capacity  # (less the two meta pages)
+
+    def reads_short_of_reserve(self) -> bool:
+        """short_of_reserve, in a read transaction of its own (for readiness)."""
+        with mapped_lmdb_errors(), self.read() as txn:
+            return self.short_of_reserve(txn)
+
+    def short_of_reserve(self, txn: lmdb.Transaction) -> bool:
+        """True when the map is at its cap with fewer free pages than it keeps for the
+        jobs that make room (RESERVE_PAGES, or 1% of the map when more): see storage.writer."""
+        at_cap = self.free_pages_at_cap(txn)
+        if at_cap is None:
+            return False
+        free, capacity = at_cap
+        return free < max(RESERVE_PAGES, capacity // 100)
 
     def usage(self) -> tuple[int, int]:
         """(map size, bytes used) for the metrics gauges."""

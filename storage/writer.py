@@ -100,8 +100,19 @@ class WriterStatistics(msgspec.Struct, frozen=True):
     map_adoptions: int
 
 
-# Free pages a map at its cap keeps for the jobs that make room (1% of it when more).
-RESERVE_PAGES = 64
+KEPT_FOR_RETENTION = "the data directory is full (the last pages are kept for retention)"
+
+
+class _ReserveReached(Exception):
+    """The group's jobs would leave a map at its cap short of its reserve."""
+
+    def __init__(self, tickets: list[_Ticket]) -> None:
+        super().__init__()
+        self.tickets = tickets
+
+
+def _spends_reserve(ticket: _Ticket) -> bool:
+    return bool(getattr(ticket.job, "spends_reserve", False))
 
 
 class _Ticket:
@@ -257,6 +268,15 @@ class GroupCommitWriter:
                 _commit_failed("commit failed: %s", message, cause=message)
                 self._fail(pending, error)
                 return
+            except _ReserveReached as reached:
+                # aborted: those jobs fail, the rest (jobs that make room) are redone
+                self.healthy = False
+                for ticket in reached.tickets:
+                    pending.remove(ticket)
+                    ticket.result = None
+                    ticket.error = StorageFull(KEPT_FOR_RETENTION)
+                self._deliver(reached.tickets)
+                continue
             if isinstance(outcome, _Ticket):
                 # One job crashed mid-write: the whole transaction was aborted.
                 # Fail that job alone and redo the rest of the group without it.
@@ -295,7 +315,7 @@ class GroupCommitWriter:
             for ticket in pending:
                 ticket.result = ticket.error = None
                 if ticket in kept_out:
-                    ticket.error = StorageFull("the data directory is full (the last pages are kept for retention)")
+                    ticket.error = StorageFull(KEPT_FOR_RETENTION)
                     continue
                 try:
                     ticket.result = ticket.job.run(ctx)
@@ -326,6 +346,12 @@ class GroupCommitWriter:
             )
             if ctx.next_seq != first_seq:
                 txn.put(NEXT_SEQ, ctx.next_seq.to_bytes(8, "big"), db=self.storage.dbs.meta)
+            # Checked again once the jobs have written: one group (a 1 MB replay chunk,
+            # hundreds of batches) could take the map from above its reserve to below
+            # it, and then even the sweep could not delete (helper-84).
+            spent = [t for t in pending if t.error is None and not _spends_reserve(t)]
+            if spent and self.storage.short_of_reserve(txn):
+                raise _ReserveReached(spent)
             txn.commit()
         except BaseException:
             txn.abort()
@@ -348,16 +374,10 @@ class GroupCommitWriter:
         remove anything, and stayed full (helpers 77 and 82). At the cap, the last
         pages are kept for the jobs that make room (`spends_reserve`).
         """
-        if all(getattr(ticket.job, "spends_reserve", False) for ticket in pending):
-            return set()
-        at_cap = self.storage.free_pages_at_cap(txn)
-        if at_cap is None:
-            return set()
-        free, capacity = at_cap
-        if free >= max(RESERVE_PAGES, capacity // 100):
+        if all(_spends_reserve(ticket) for ticket in pending) or not self.storage.short_of_reserve(txn):
             return set()
         self.healthy = False
-        return {ticket for ticket in pending if not getattr(ticket.job, "spends_reserve", False)}
+        return {ticket for ticket in pending if not _spends_reserve(ticket)}
 
     def _top_up(self, pending: list[_Ticket]) -> None:
         if self._queue and len(pending) < self.max_group and not _solo(pending[0]):

@@ -83,6 +83,9 @@ LOG_EVERY_S = 60.0
 CLOSE_AFTER_SEND_S = 5.0  # how long closing waits for a response still being written
 REFUSE_WRITE_S = 1.0  # how long a connection over a cap may take to be told so
 REFUSE_HEAD_WAIT_S = 0.5  # and to send its request head first (a client sends it at once)
+# Refused connections waiting for their heads at once, at most: each holds a descriptor,
+# and a flood of refusals that each waited brought back the EMFILE the caps prevent.
+REFUSE_HEAD_WAITERS = 16
 REFUSE_HEAD_BYTES = 16 * 1024
 _PRINTABLE = re.compile(r"[\x20-\x7e\x80-\xff]*")
 FD_RESERVE = 128  # descriptors kept back from connections: LMDB, listeners, logs, the CLI's files
@@ -155,6 +158,7 @@ class ConnectionLimits:
         self._refused = refused
         self.open = 0
         self._by_client: dict[str, int] = {}
+        self._waiting_heads = 0
 
     async def __call__(self, stream: trio.SocketStream) -> None:
         peer = _peer_host(stream)
@@ -186,9 +190,16 @@ class ConnectionLimits:
         # comes at once, gives the X-Request-ID to echo and the Origin a browser script
         # needs to read the answer (else the SDK sees a network error, not a Retry-After).
         sent = b""
-        with trio.move_on_after(REFUSE_HEAD_WAIT_S), contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            while b"\r\n\r\n" not in sent and len(sent) < REFUSE_HEAD_BYTES and (data := await stream.receive_some()):
-                sent += data
+        if self._waiting_heads < REFUSE_HEAD_WAITERS:  # (else: answered at once, with a minted id)
+            self._waiting_heads += 1
+            try:
+                with trio.move_on_after(REFUSE_HEAD_WAIT_S), contextlib.suppress(
+                    trio.BrokenResourceError, trio.ClosedResourceError
+                ):
+                    while b"\r\n\r\n" not in sent and len(sent) < REFUSE_HEAD_BYTES and (data := await stream.receive_some()):
+                        sent += data
+            finally:
+                self._waiting_heads -= 1
         fields = _head_fields(sent)
         body = render_error(ServiceError("service_unavailable", f"{why}: retry shortly"))
         headers = [

@@ -58,7 +58,9 @@ def ops_handlers(
 
     async def readyz() -> Answer:
         try:
-            writable = services.storage.writable()
+            # (a map at its cap keeps its last pages for retention: events are refused
+            # then, whatever the last commit did; every worker sees the same map)
+            writable = services.storage.writable() and not services.storage.reads_short_of_reserve()
         except StorageError:
             writable = False
         if writable and not services.writer.healthy:

@@ -237,9 +237,16 @@ _NOT_PAYMENT_CARD_AFTER = frozenset({
     "grise", "sejour", "residencia", "residenza", "navigo", "jeune", "senior", "famille",
 })  # fmt: skip
 # Card words of languages that run the kind into the word ("Kundenkartennummer",
-# "klantenkaartnummer"): a payment card only when what comes before names one.
+# "klantenkaartnummer"): another kind of card when what comes before names one of
+# these (a payment card's otherwise: "ihre_kartennummer", "Visa_Kartennummer").
 _COMPOUND_CARD_WORDS = ("kartennummer", "kaartnummer", "karte", "kaart")
-_COMPOUND_PAYMENT_KINDS = frozenset({"", "kredit", "credit", "debit", "bank", "zahlungs", "betaal"})
+_COMPOUND_OTHER_KINDS = frozenset({
+    "kunden", "kunde", "mitglieds", "mitglied", "bonus", "treue", "bahn", "bibliotheks", "studenten",
+    "schueler", "schuler", "gesundheits", "versicherten", "personal", "dienst", "jahres", "museums",
+    "klanten", "klant", "leden", "lid", "ov", "bibliotheek", "spaar", "zorg", "museum",
+})  # fmt: skip
+# Card words of any of these languages ("codigo_seguridad_tarjeta" is a card's code).
+_CARD_WORDS = frozenset({"card", "tarjeta", "carte", "cartao", "carta", "karte", "kaart", "kreditkarte"})
 # A "security code" in these languages is as often a captcha's as a card's: withheld, but
 # on its own no checkout ("código de seguridad" under a contact form).
 _SECURITY_CODE_PAIRS = frozenset({("codigo", "seguridad"), ("code", "securite"), ("codigo", "seguranca"),
@@ -402,12 +409,13 @@ def _names_payment_card(name: str) -> bool:
         return False
     joined = [word for word in words if word not in _CONNECTORS]
     if any(pair in _SECURITY_CODE_PAIRS for pair in zip(joined, joined[1:], strict=False)):
-        return False
+        return bool(_CARD_WORDS.intersection(joined))  # a captcha's, unless a card is named
     for index, word in enumerate(joined):
         for card in _COMPOUND_CARD_WORDS:
             if word.endswith(card):
                 kind = word[: -len(card)] or (joined[index - 1] if index else "")
-                return kind in _COMPOUND_PAYMENT_KINDS
+                if kind in _COMPOUND_OTHER_KINDS:
+                    return False
     if "on" in words and "name" in words:  # "name on card", not "name on badge"
         return "card" in words or "nameoncard" in "".join(words)
     return True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import resource
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -120,6 +121,9 @@ async def test_a_full_map_that_retention_empties_is_ready_again_without_traffic(
         batch += 1
     assert status == 503 and batch > 5
     assert (await server.client.get("/readyz")).status_code == 503
+    # The last accepted batch did not take the map below its reserve (helper-84: one
+    # group could, checked only before it ran, and then not even the sweep could delete).
+    assert await _free_pages(server.data_dir, 2 * 1024 * 1024) >= 64
     server.clock.offset += 8 * 86_400  # past outbox retention and the idempotency window
     for _ in range(60):  # (the sweep runs every 0.2 s; readiness is asked as a balancer would)
         if (await server.client.get("/readyz")).status_code == 200:
@@ -130,6 +134,24 @@ async def test_a_full_map_that_retention_empties_is_ready_again_without_traffic(
     big = [pageview(f"after-{i}", type="custom", name="n", label="x" * 4000) for i in range(20)]
     again = await server.client.post("/v1/events", json={"events": big}, headers=H)
     assert again.status_code == 202 and again.json()["accepted"] == 20, again.text
+
+
+_FREE_PAGES = """
+import sys
+from storage.env import Storage
+size = int(sys.argv[2])
+storage = Storage(sys.argv[1], map_size=size, max_map_size=size, readonly=True)
+with storage.read() as txn:
+    print(storage.free_pages_at_cap(txn)[0])
+"""
+
+
+async def _free_pages(data_dir: Path, map_size: int) -> int:
+    """Free pages of a map at its cap, read by another process (py-lmdb opens an environment once per process)."""
+    done = await trio.run_process(
+        [sys.executable, "-c", _FREE_PAGES, str(data_dir), str(map_size)], capture_stdout=True
+    )
+    return int(done.stdout)
 
 
 def test_no_new_data_directory_on_a_full_disk(small_disk: Path, tmp_path: Path) -> None:

@@ -265,7 +265,11 @@ def test_the_nearest_compound_selector_that_says_decides(selector: str, checkout
      ("numero_carte_etudiante", False), ("numero_carte_cadeau", False), ("numero_tarjeta_regalo", False),
      ("numero_carte_grise", False), ("numero_carte_de_sejour", False), ("numero_carte_navigo", False),
      ("kundenkartennummer", False), ("ov_kaartnummer", False), ("codigo_seguridad", False),
-     ("code_de_securite", False), ("Kreditkartennummer", True), ("numero_carte_bancaire", True)],
+     ("code_de_securite", False), ("Kreditkartennummer", True), ("numero_carte_bancaire", True),
+     # helper-84: real checkouts' card fields, which the kind rules above had let through
+     ("ihre_kartennummer", True), ("Visa_Kartennummer", True), ("uw_kaartnummer", True),
+     ("ec_kartennummer", True), ("codigo_de_seguridad_de_la_tarjeta", True), ("code_securite_carte", True),
+     ("codice_sicurezza_carta", True), ("mitgliedskartennummer", False)],
 )
 def test_a_card_field_makes_a_checkout_unless_it_is_another_kind_of_card(name: str, checkout: bool) -> None:
     from collector.ingest.privacy import Form, apply_form_floor
