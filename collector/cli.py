@@ -251,6 +251,9 @@ def cmd_stream_token_mint(args: argparse.Namespace) -> int:
     return 0
 
 
+_LINE_SEPARATORS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def cmd_outbox_dump(args: argparse.Namespace) -> int:
     """Every readable record on stdout; one line on stderr per record that does not decode, then exit 1."""
     from storage.outbox import iter_outbox
@@ -276,6 +279,10 @@ def cmd_outbox_dump(args: argparse.Namespace) -> int:
                 }
             )
             # The stored event is already JSON: splice it in rather than re-encode it.
+            # U+2028 and U+2029 (JSON lets them stand raw in a string) are written
+            # escaped: a reader splitting lines the Unicode way cut the record in two.
+            if "\u2028" in event or "\u2029" in event:
+                event = event.translate(_LINE_SEPARATORS)
             out.write(f'{head[:-1].decode()},"event":{event}}}\n')
     return skip.status
 

@@ -8,7 +8,7 @@ import json
 import trio
 
 from tests.conftest import BROWSER_KEY, MOBILE_KEY, RunningServer, click, pageview
-from tests.helpers import outbox_dump
+from tests.helpers import outbox_dump, run_cli
 
 H = {"X-API-Key": BROWSER_KEY, "Origin": "https://acme.com", "Content-Type": "application/json"}
 
@@ -466,6 +466,16 @@ async def test_values_the_schema_let_through_are_refused_per_event_and_not_store
     response = await post(server, native, headers={"X-API-Key": MOBILE_KEY, "Content-Type": "application/json"})
     assert (response.status_code, response.json()["error"]) == (400, "validation_error"), response.text
     assert [row["eid"] for row in await outbox_dump(server.data_dir)] == ["fine"]
+
+
+async def test_outbox_dump_lines_survive_unicode_line_splitting(server: RunningServer) -> None:
+    # helper-84: U+2028 in a stored string (JSON lets it stand raw) cut a record of
+    # `outbox dump` in two for any reader splitting lines the Unicode way.
+    event = pageview("separators", page={"url": "https://acme.com/", "path": "/a\u2028b\u2029c", "title": "t"})
+    assert (await post(server, event)).json()["accepted"] == 1
+    dumped = run_cli("outbox", "dump", data_dir=server.data_dir).stdout
+    lines = dumped.splitlines()  # (str.splitlines also splits at U+2028 and U+2029)
+    assert len(lines) == 1 and json.loads(lines[0])["event"]["page"]["path"] == "/a\u2028b\u2029c"
 
 
 async def test_edge_pageview(server: RunningServer) -> None:
