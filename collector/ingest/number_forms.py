@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-import xxhash
 
+from collector.ingest.content_hash import event_hashes
 from collector.ingest.schema import (
     AnyEvent,
     Automation,
@@ -76,18 +76,12 @@ def as_previous_numbers(event: AnyEvent) -> AnyEvent:
     return converted
 
 
-_encoder = msgspec.json.Encoder()
-_sorted_keys_encoder = msgspec.json.Encoder(order="deterministic")
-
-
 def hashes_before_int_numbers(event: AnyEvent) -> tuple[bytes, ...]:
-    """What versions before 2026-11-25 hashed `event` (as the pipeline hashes it) to: its
-    encoding with floats; for a form or identify also with its map keys sorted, which
-    the last of them hashed (the one before, keys in the order sent)."""
+    """What versions before 2026-11-25 hashed `event` to: `event_hashes` of it with
+    floats, both the hash and the one before it (the last of those versions sorted a
+    form's or identify's map keys, the one before hashed them in the order sent)."""
     previous = as_previous_numbers(event)
     if previous is event:
         return ()
-    hashes = [xxhash.xxh3_128_digest(_encoder.encode(previous))]
-    if isinstance(previous, Form | Identify):
-        hashes.append(xxhash.xxh3_128_digest(_sorted_keys_encoder.encode(previous)))
-    return tuple(hashes)
+    _, content_hash, legacy_hash = event_hashes(previous)
+    return (content_hash,) if legacy_hash is None else (content_hash, legacy_hash)

@@ -18,6 +18,7 @@ import xxhash
 
 from collector.errors import ServiceError
 from collector.ingest.consent import SKEW_MS, consent_drop_reason, identity_declined, state_of
+from collector.ingest.content_hash import event_hashes
 from collector.ingest.keyprobe import keys_known, opaque_values
 from collector.ingest.model import (
     AcceptedEvent,
@@ -64,7 +65,6 @@ _event_decoder = msgspec.json.Decoder(AnyEvent)  # type: ignore[arg-type]
 _batch_decoder = msgspec.json.Decoder(Batch)
 _generic_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
-_identity_encoder = msgspec.json.Encoder(order="deterministic")  # dict keys sorted
 _EMPTY_EID = len(b'{"eid":""')
 
 
@@ -312,22 +312,15 @@ def _order_identity_choices(accepted: list[AcceptedEvent], choices: dict[str, di
 
 
 def _content_hashes(event: AnyEvent, ctx: IngestContext) -> tuple[bytes, bytes, bytes | None]:
-    """(the event's JSON as sent, its content hash, the previous version's hash when it differs).
-
-    The idempotency hash covers the event as the client sent it; key order
-    inside its free-form maps (form values, identity) is not content.
-    """
-    client_json = _encoder.encode(event)
+    """`event_hashes`, or for a consent write the hashes of the identity its context names."""
     if ctx.content_identity is not None:
         legacy = ctx.legacy_identity
         return (
-            client_json,
+            _encoder.encode(event),
             xxhash.xxh3_128_digest(ctx.content_identity),
             xxhash.xxh3_128_digest(legacy) if legacy is not None else None,
         )
-    if isinstance(event, Form | Identify) and (canonical := _identity_encoder.encode(event)) != client_json:
-        return client_json, xxhash.xxh3_128_digest(canonical), xxhash.xxh3_128_digest(client_json)
-    return client_json, xxhash.xxh3_128_digest(client_json), None
+    return event_hashes(event)
 
 
 def _too_large(index: int, size: str) -> ServiceError:
