@@ -441,6 +441,7 @@ async def _serve_http(
                 partial(
                     Connection, asgi, config, context, ConnectionState(state.copy()),
                     sends=sends, request_timeout=services.settings.request_timeout,
+                    access_log=services.settings.access_log,
                 ),
                 partial(services.metrics.count_labelled, "collector_connection_failures"),
             ),

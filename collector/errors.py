@@ -64,6 +64,10 @@ ERRORS: dict[str, ErrorKind] = {
     "method_not_allowed": ErrorKind(405, False),
     "unsupported_media_type": ErrorKind(415, False),
     "key_type_not_allowed": ErrorKind(403, False),  # POST /v1/replay takes website keys only
+    # the HTTP parser's own refusals (collector/http/parse_errors.py)
+    "bad_request": ErrorKind(400, False),
+    "request_head_too_large": ErrorKind(431, False),
+    "unsupported_transfer_encoding": ErrorKind(501, False),
     "internal_error": ErrorKind(500, True),
 }
 

@@ -70,12 +70,14 @@ from typing import Any
 import trio
 from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol.h2 import H2Protocol
+from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 
 from collector.errors import ServiceError, render_error
 from collector.http.access_log import log_request
 from collector.http.asgi import CUT_BY_TIMEOUT, Request, request_id_for
 from collector.http.headers import cors_headers
+from collector.http.parse_errors import answer_parse_errors
 
 log = logging.getLogger("collector.http")
 
@@ -337,14 +339,21 @@ class Connection(TCPServer):
     _reading_done = False
     _read_scope: trio.CancelScope | None = None
     _held_head = b""  # a final response's head, waiting for the write after it
+    _http1 = True  # until an HTTP/2 preface switches the protocol
 
     def __init__(
-        self, *args: Any, sends: OpenSends | None = None, request_timeout: float = math.inf, **kwargs: Any
+        self,
+        *args: Any,
+        sends: OpenSends | None = None,
+        request_timeout: float = math.inf,
+        access_log: bool = False,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.idle_task = self._idle_watch = IdleWatch(self)  # type: ignore[assignment]
         self._sends = sends if sends is not None else OpenSends()
         self._request_timeout = request_timeout
+        self._access_log = access_log
 
     async def protocol_send(self, event: Event) -> None:
         if isinstance(event, RawData):
@@ -364,7 +373,9 @@ class Connection(TCPServer):
         if isinstance(event, Updated):
             if self._idle and not event.idle:
                 self._request_began = self._head_began if self._head_began is not None else trio.current_time()
-            self._head_began = None
+            # Idle again with part of a pipelined request already read: that request's
+            # head began now (it was held for keep_alive_timeout, helper-86).
+            self._head_began = trio.current_time() if event.idle and self._head_buffered() else None
             self._idle = event.idle
             if self._read_scope is not None:  # a read already waiting takes the new bound
                 self._read_scope.deadline = self._read_deadline()
@@ -409,6 +420,22 @@ class Connection(TCPServer):
                     return
         await super()._close()
 
+    def _taken_over_by_http2(self, protocol: H2Protocol) -> None:
+        # The HTTP/2 preface reads as an HTTP/1.1 request ("PRI * HTTP/2.0") until
+        # hypercorn switches protocols: the connection was left busy, with no stream
+        # open, and was cut at read_timeout before its first request (helper-86). It
+        # is idle until a stream opens.
+        self._http1 = False
+        self._head_began = None
+        if not protocol.streams:
+            self._idle = True
+            self._idle_watch.set_idle(True)
+
+    def _head_buffered(self) -> bool:
+        """Whether HTTP/1.1's parser holds bytes of a request it has not begun."""
+        protocol = self.protocol.protocol
+        return isinstance(protocol, H11Protocol) and bool(protocol.connection.trailing_data[0])
+
     def _mark_cut(self) -> None:
         """Remember, while the connection lasts, that its request was cut for being slow."""
         with contextlib.suppress(OSError):
@@ -435,6 +462,9 @@ class Connection(TCPServer):
         return min(per_read, self._request_began + self._request_timeout)
 
     async def _read_data(self) -> None:
+        # (the protocol exists from here; an HTTP/2 one, taken over later, answers its own way)
+        if isinstance(self.protocol.protocol, H11Protocol):
+            answer_parse_errors(self.protocol.protocol, access_log=self._access_log)
         while True:
             with trio.CancelScope(deadline=self._read_deadline()) as scope:
                 self._read_scope = scope
@@ -449,6 +479,8 @@ class Connection(TCPServer):
             if data and self._idle and self._head_began is None and not isinstance(self.protocol.protocol, H2Protocol):
                 self._head_began = trio.current_time()
             await self.protocol.handle(RawData(bytes(data)))
+            if self._http1 and isinstance(self.protocol.protocol, H2Protocol):
+                self._taken_over_by_http2(self.protocol.protocol)
             if data == b"":
                 break
         self._reading_done = True

@@ -245,6 +245,47 @@ async def test_a_request_head_sent_in_part_or_a_line_at_a_time_is_cut_like_a_bod
         assert cut, "a head trickled a line at a time was never cut"
 
 
+async def test_a_pipelined_request_sent_in_part_is_cut_at_the_read_timeout(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # helper-86: part of a second request read with the first counted as idle again
+    # once the first was answered, and was held for keep_alive_timeout.
+    server = await start_server(nursery, tmp_path, read_timeout=1, request_timeout=3, keep_alive_timeout=60)
+    async with await _open(server) as stream:
+        await stream.send_all(HEALTH + b"GET /healthz HTTP/1.1\r\nHo")
+        assert (await _read_response(stream)).startswith(b"HTTP/1.1 200")
+        with trio.fail_after(5):
+            assert await stream.receive_some() == b""
+
+
+def _h2_request_after(base_url: str, wait: float) -> str:
+    """HTTP/2 with prior knowledge: the preface, `wait` seconds of nothing, then GET /healthz."""
+    url = urlsplit(base_url)
+    with socket.create_connection((url.hostname, url.port), timeout=5) as sock:
+        conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        sock.sendall(conn.data_to_send())
+        time.sleep(wait)
+        conn.send_headers(1, [(":method", "GET"), (":path", "/healthz"), (":authority", "x"), (":scheme", "http")],
+                          end_stream=True)
+        sock.sendall(conn.data_to_send())
+        while data := sock.recv(65536):
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived):
+                    return dict(event.headers)[b":status"].decode()
+            sock.sendall(conn.data_to_send())
+    return "closed"
+
+
+async def test_an_http2_connection_waits_for_its_first_request_like_an_idle_one(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # helper-86: the preface counted as the start of a request head, and the
+    # connection was cut at read_timeout before its first request.
+    server = await start_server(nursery, tmp_path, read_timeout=1, keep_alive_timeout=30)
+    assert await trio.to_thread.run_sync(_h2_request_after, server.base_url, 2.5) == "200"
+
+
 async def test_a_client_that_reads_nothing_is_cut_off_at_the_request_timeout(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
@@ -323,6 +364,41 @@ async def test_connections_over_a_cap_are_told_503_at_once(
     refused = [line for line in access_lines() if line["route"] == "connection_cap"]
     assert [(line["status"], line["method"], line["requestId"]) for line in refused] == [(503, "GET", "mine-1")]
     assert "collector_connections_max 6.0" in metrics
+
+
+async def test_the_http_parsers_refusals_carry_the_error_body_an_id_and_an_access_line(
+    nursery: trio.Nursery, tmp_path: Path, access_lines: Callable[[], list[dict[str, Any]]]
+) -> None:
+    # h11 answered what it could not parse with a bare status: no body, no X-Request-ID, no log line.
+    server = await start_server(nursery, tmp_path, access_log=True)
+    sent = {
+        b"GARBAGE\r\n\r\n": (400, "bad_request"),
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n": (400, "bad_request"),
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n": (431, "request_head_too_large"),
+        b"POST /v1/events HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n": (501, "unsupported_transfer_encoding"),
+    }
+    for request, (status, code) in sent.items():
+        async with await _open(server) as stream:
+            await stream.send_all(request)
+            answer = await _read_until_closed(stream)
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 %d" % status), answer[:200]
+        assert b"\r\nx-request-id: " in head and b"\r\nconnection: close" in head
+        assert json.loads(body)["error"] == code
+    parser_lines = [line for line in access_lines() if line["route"] == "http_parser"]
+    assert [(line["status"], line["error"]) for line in parser_lines] == list(sent.values())
+    # A body whose chunked framing breaks mid-request: its X-Request-ID echoed, nothing stored.
+    events = json.dumps([pageview("e-broken-chunks")]).encode()
+    async with await _open(server) as stream:
+        await stream.send_all(
+            b"POST /v1/events HTTP/1.1\r\nHost: x\r\nX-API-Key: " + BROWSER_KEY.encode()
+            + b"\r\nOrigin: https://acme.com\r\nContent-Type: application/json\r\nX-Request-ID: broken-1\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n%x\r\n" % len(events) + events + b"\r\nnot-a-size\r\n\r\n"
+        )
+        answer = await _read_until_closed(stream)
+    assert answer.startswith(b"HTTP/1.1 400") and b"\r\nx-request-id: broken-1\r\n" in answer, answer[:300]
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"] == "bad_request"
+    assert not [event for event in await outbox_dump(server.data_dir) if event.get("eid") == "e-broken-chunks"]
 
 
 async def _refused_then_reused(server: RunningServer, path: str, key: str, body: bytes) -> tuple[bytes, bytes]:

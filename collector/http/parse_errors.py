@@ -1,0 +1,68 @@
+"""The HTTP parser's own refusals, answered in the spec's error format.
+
+h11 refuses what it cannot parse (a malformed request line or header line,
+bad chunked framing: 400; a request head over hypercorn's
+`h11_max_incomplete_size`: 431; a Transfer-Encoding other than chunked: 501)
+before any route sees the request, and hypercorn answered those with a bare
+status: no body, no X-Request-ID, no access line. An SDK branching on the
+error field, and an operator looking for the request in the log, found
+nothing. Here they get the error body (section 2.7), an X-Request-ID (the
+client's when a request head was read, else a minted one) and, for a request
+no route saw, an access line with route `http_parser`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import h11
+from hypercorn.protocol.h11 import H11Protocol
+
+from collector.errors import ServiceError, render_error
+from collector.http.access_log import log_request
+from collector.http.asgi import Request
+
+ACCESS_ROUTE = "http_parser"
+
+
+def _error_for(status: int, head_limit: int) -> ServiceError:
+    if status == 431:
+        return ServiceError("request_head_too_large", f"the request head is over {head_limit} bytes")
+    if status == 501:
+        return ServiceError(
+            "unsupported_transfer_encoding", "Transfer-Encoding must be chunked (once), or absent"
+        )
+    return ServiceError(
+        "bad_request",
+        "the request is not valid HTTP/1.1 (its request line, a header line or its chunked framing);"
+        " nothing was stored",
+    )
+
+
+def answer_parse_errors(protocol: H11Protocol, *, access_log: bool) -> None:
+    """Make `protocol` (one connection's) answer its parser's refusals in the error format."""
+
+    async def send_error_response(status_code: int) -> None:
+        started = time.perf_counter()
+        stream = protocol.stream
+        in_request = stream is not None and hasattr(stream, "scope")
+        scope: Any = stream.scope if in_request else {"method": "-", "path": "-", "headers": []}  # type: ignore[union-attr]
+        request = Request(scope)
+        error = _error_for(status_code, protocol.config.h11_max_incomplete_size)
+        body = render_error(error)
+        headers: list[tuple[bytes, Any]] = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"x-request-id", request.request_id.encode("latin-1")),
+            (b"connection", b"close"),
+            *protocol.config.response_headers("h11"),
+        ]
+        await protocol._send_h11_event(h11.Response(status_code=status_code, headers=headers))
+        await protocol._send_h11_event(h11.Data(data=body))
+        await protocol._send_h11_event(h11.EndOfMessage())
+        # A request a route already saw writes its own line when its handler ends.
+        if access_log and not in_request:
+            log_request(request, ACCESS_ROUTE, status_code, error.code, None, started)
+
+    protocol._send_error_response = send_error_response  # type: ignore[method-assign]
