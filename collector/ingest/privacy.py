@@ -97,7 +97,9 @@ _WORD_CLASS.update({
     # payment
     "kreditkarte": "payment", "kartennummer": "payment", "kaartnummer": "payment",
     "cryptogramme": "payment", "prufnummer": "payment", "sicherheitscode": "payment",
-    "beveiligingscode": "payment",
+    "beveiligingscode": "payment", "karteninhaber": "payment", "kaarthouder": "payment",
+    "kortnummer": "payment", "korttinumero": "payment",
+    "sakerhetskod": "payment", "sikkerhetskode": "payment", "sikkerhedskode": "payment", "turvakoodi": "payment",
     # government id
     "pasaporte": "government_id", "passeport": "government_id", "passaporte": "government_id",
     "passaporto": "government_id", "reisepass": "government_id", "paspoort": "government_id",
@@ -111,6 +113,8 @@ _WORD_CLASS.update({
     "kontonummer": "financial", "rekeningnummer": "financial", "bankleitzahl": "financial",
     "clabe": "financial", "salario": "financial", "sueldo": "financial", "ingresos": "financial",
     "einkommen": "financial", "gehalt": "financial", "stipendio": "financial",
+    "salaire": "financial", "salaris": "financial",
+    "rib": "financial",  # (French: relevé d'identité bancaire, a bank account's details)
     # health
     "diagnostico": "health", "diagnose": "health", "diagnosi": "health",
     "medicamento": "health", "medicamentos": "health", "medicament": "health", "medicaments": "health",
@@ -120,7 +124,9 @@ _WORD_CLASS.update({
     "symptome": "health", "sintomi": "health", "embarazo": "health", "embarazada": "health",
     "schwanger": "health", "schwangerschaft": "health", "gravidanza": "health", "grossesse": "health",
     "ordonnance": "health", "paciente": "health",
-    "krankenversicherung": "health",
+    "krankenversicherung": "health", "krankenkasse": "health", "versichertennummer": "health",
+    "mutuelle": "health",
+    "mdp": "secret",  # (French: mot de passe)
 })  # fmt: skip
 
 # Pairs of words (in order, adjacent) that decide a class together.
@@ -170,6 +176,12 @@ _PAIR_CLASS: dict[tuple[str, str], str] = {
     ("carte", "credit"): "payment", ("code", "securite"): "payment", ("numero", "cartao"): "payment",
     ("cartao", "credito"): "payment", ("codigo", "seguranca"): "payment", ("numero", "carta"): "payment",
     ("carta", "credito"): "payment", ("codice", "sicurezza"): "payment",
+    ("titular", "tarjeta"): "payment", ("titulaire", "carte"): "payment", ("titular", "cartao"): "payment",
+    ("titolare", "carta"): "payment", ("caducidad", "tarjeta"): "payment",
+    ("vencimiento", "tarjeta"): "payment", ("expiration", "carte"): "payment",
+    ("validade", "cartao"): "payment", ("scadenza", "carta"): "payment",
+    ("numer", "karty"): "payment", ("waznosci", "karty"): "payment", ("kortin", "numero"): "payment",
+    ("kod", "bezpieczenstwa"): "payment", ("kod", "cvv"): "payment",
     ("seguridad", "social"): "government_id", ("seguro", "social"): "government_id",
     ("securite", "sociale"): "government_id", ("numero", "fiscal"): "government_id",
     ("codice", "fiscale"): "government_id", ("carte", "identite"): "government_id",
@@ -235,22 +247,27 @@ _NOT_PAYMENT_CARD_AFTER = frozenset({
     "transporte", "estudiante", "etudiant", "etudiante", "studente", "cliente", "client", "biblioteca",
     "bibliotheque", "identite", "identita", "identidad", "identidade", "cadeau", "regalo", "presente",
     "grise", "sejour", "residencia", "residenza", "navigo", "jeune", "senior", "famille",
+    "fidelidade", "cidadao", "estudante", "saude",
 })  # fmt: skip
 # Card words of languages that run the kind into the word ("Kundenkartennummer",
 # "klantenkaartnummer"): another kind of card when what comes before names one of
 # these (a payment card's otherwise: "ihre_kartennummer", "Visa_Kartennummer").
-_COMPOUND_CARD_WORDS = ("kartennummer", "kaartnummer", "karte", "kaart")
+_COMPOUND_CARD_WORDS = ("kartennummer", "kaartnummer", "karteninhaber", "kaarthouder", "karte", "kaart")
 _COMPOUND_OTHER_KINDS = frozenset({
     "kunden", "kunde", "mitglieds", "mitglied", "bonus", "treue", "bahn", "bibliotheks", "studenten",
     "schueler", "schuler", "gesundheits", "versicherten", "personal", "dienst", "jahres", "museums",
     "klanten", "klant", "leden", "lid", "ov", "bibliotheek", "spaar", "zorg", "museum",
+    "payback", "krankenkassen", "krankenkasse", "chip", "ovchip", "geschenk", "gutschein", "cadeau",
+    "monats", "wochen", "zeit", "netz", "mensa", "park", "parkeer",
 })  # fmt: skip
 # Card words of any of these languages ("codigo_seguridad_tarjeta" is a card's code).
-_CARD_WORDS = frozenset({"card", "tarjeta", "carte", "cartao", "carta", "karte", "kaart", "kreditkarte"})
+_CARD_WORDS = frozenset({"card", "tarjeta", "carte", "cartao", "carta", "karte", "kaart", "kreditkarte",
+                         "kort", "kortin", "kortti", "karta", "karty"})
 # A "security code" in these languages is as often a captcha's as a card's: withheld, but
 # on its own no checkout ("código de seguridad" under a contact form).
 _SECURITY_CODE_PAIRS = frozenset({("codigo", "seguridad"), ("code", "securite"), ("codigo", "seguranca"),
-                                  ("codice", "sicurezza")})
+                                  ("codice", "sicurezza"), ("kod", "bezpieczenstwa")})
+_SECURITY_CODE_WORDS = frozenset({"sakerhetskod", "sikkerhetskode", "sikkerhedskode", "turvakoodi"})
 # Purposes a form named after a checkout may have besides taking the order: "checkoutSurvey",
 # "post-checkout-signup" are other forms; "checkout-billing" and "checkout-v2" are checkouts.
 _OTHER_PURPOSE = frozenset({
@@ -408,7 +425,9 @@ def _names_payment_card(name: str) -> bool:
     if "captcha" in words or _NOT_PAYMENT_CARD_AFTER.intersection(words):
         return False
     joined = [word for word in words if word not in _CONNECTORS]
-    if any(pair in _SECURITY_CODE_PAIRS for pair in zip(joined, joined[1:], strict=False)):
+    if _SECURITY_CODE_WORDS.intersection(joined) or any(
+        pair in _SECURITY_CODE_PAIRS for pair in zip(joined, joined[1:], strict=False)
+    ):
         return bool(_CARD_WORDS.intersection(joined))  # a captcha's, unless a card is named
     for index, word in enumerate(joined):
         for card in _COMPOUND_CARD_WORDS:

@@ -73,6 +73,11 @@ def decode(**fields: object) -> AnyEvent:
         ("kontonummer", "financial"), ("numero_de_cuenta", "financial"), ("compte_bancaire", "financial"),
         ("diagnóstico", "health"), ("alergias", "health"), ("Krankheit", "health"), ("embarazada", "health"),
         ("carte_d_identite", "government_id"), ("carta_d_identita", "government_id"),
+        # left out before (stop 23's note): cardholders and card expiries, pay, health insurance
+        ("titular_de_la_tarjeta", "payment"), ("Karteninhaber", "payment"), ("titulaire_carte", "payment"),
+        ("fecha_caducidad_tarjeta", "payment"), ("vencimiento_de_la_tarjeta", "payment"),
+        ("salaire", "financial"), ("rib", "financial"), ("Krankenkasse", "health"),
+        ("Krankenkassennummer", "health"), ("mutuelle", "health"), ("mdp", "secret"), ("confirmer_mdp", "secret"),
     ],
 )
 def test_sensitive_field_names(name: str, kind: str) -> None:
@@ -92,7 +97,8 @@ def test_sensitive_field_names(name: str, kind: str) -> None:
      # other languages' ordinary fields, and words left out because they also mean something ordinary
      "nombre", "apellido", "correo", "telefono", "numero_de_telefono", "numéro de téléphone", "Telefonnummer",
      "Straße", "código_postal", "fecha_de_nacimiento", "numero_pedido", "niño", "NIÑO",
-     "acepto_tratamiento_de_datos", "consentement_traitement", "parola_chiave", "diagnostic_info"],
+     "acepto_tratamiento_de_datos", "consentement_traitement", "parola_chiave", "diagnostic_info",
+     "ribbon", "caribbean", "attribute", "mdpi"],
 )
 def test_ordinary_field_names(name: str) -> None:
     assert classify_field_name(name) is None
@@ -269,7 +275,14 @@ def test_the_nearest_compound_selector_that_says_decides(selector: str, checkout
      # helper-84: real checkouts' card fields, which the kind rules above had let through
      ("ihre_kartennummer", True), ("Visa_Kartennummer", True), ("uw_kaartnummer", True),
      ("ec_kartennummer", True), ("codigo_de_seguridad_de_la_tarjeta", True), ("code_securite_carte", True),
-     ("codice_sicurezza_carta", True), ("mitgliedskartennummer", False)],
+     ("codice_sicurezza_carta", True), ("mitgliedskartennummer", False),
+     ("titular_de_la_tarjeta", True), ("Karteninhaber", True), ("fecha_caducidad_tarjeta", True),
+     ("titular_tarjeta_fidelidad", False), ("mitgliedskarteninhaber", False), ("kaarthouder", True),
+     # helper-86: more kinds of card run into the word or named after it; Nordic and Polish cards
+     ("Payback_Kartennummer", False), ("Krankenkassenkartennummer", False), ("ov_chipkaartnummer", False),
+     ("Geschenkkartennummer", False), ("numero_cartao_fidelidade", False), ("numero_cartao_cidadao", False),
+     ("kortnummer", True), ("numer_karty", True), ("data_ważności_karty", True), ("kortin_numero", True),
+     ("säkerhetskod", False), ("säkerhetskod_kort", True), ("kod_bezpieczeństwa", False), ("kod_cvv", True)],
 )
 def test_a_card_field_makes_a_checkout_unless_it_is_another_kind_of_card(name: str, checkout: bool) -> None:
     from collector.ingest.privacy import Form, apply_form_floor
