@@ -251,7 +251,8 @@ def cmd_stream_token_mint(args: argparse.Namespace) -> int:
     return 0
 
 
-_LINE_SEPARATORS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029"})
+# The line breaks of str.splitlines that JSON lets stand raw in a string (it escapes the others).
+_LINE_BREAKS_JSON_ALLOWS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
 
 def cmd_outbox_dump(args: argparse.Namespace) -> int:
@@ -279,11 +280,11 @@ def cmd_outbox_dump(args: argparse.Namespace) -> int:
                 }
             )
             # The stored event is already JSON: splice it in rather than re-encode it.
-            # U+2028 and U+2029 (JSON lets them stand raw in a string) are written
-            # escaped: a reader splitting lines the Unicode way cut the record in two.
-            if "\u2028" in event or "\u2029" in event:
-                event = event.translate(_LINE_SEPARATORS)
-            out.write(f'{head[:-1].decode()},"event":{event}}}\n')
+            # U+0085, U+2028 and U+2029 (JSON lets them stand raw in a string, in the
+            # event or its id) are written escaped: a reader splitting lines the Unicode
+            # way (str.splitlines) cut the record in pieces.
+            line = f'{head[:-1].decode()},"event":{event}}}\n'
+            out.write(line.translate(_LINE_BREAKS_JSON_ALLOWS))
     return skip.status
 
 

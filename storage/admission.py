@@ -106,11 +106,17 @@ def _readable_ledger(raw: bytes | memoryview, key: bytes) -> idempotency.Idempot
         return None
 
 
-def _same_content(stored_hash: bytes, cand: Candidate) -> bool:
+def _same_content(record: idempotency.IdempotencyRecord, cand: Candidate) -> bool:
     """The stored record is of this candidate's content, hashed by this version or an earlier one."""
-    if stored_hash in (cand.content_hash, cand.legacy_hash):
+    if record.content_hash in (cand.content_hash, cand.legacy_hash):
         return True
-    return cand.older_hashes is not None and stored_hash in cand.older_hashes()
+    # Only a record of an earlier version may hold the float forms: one of this version
+    # with `50.0` is other content than a retry with `50` (helpers 87 and 88).
+    return (
+        record.hash_form != idempotency.HASHED_AS_WRITTEN
+        and cand.older_hashes is not None
+        and record.content_hash in cand.older_hashes()
+    )
 
 
 class Admission:
@@ -194,7 +200,7 @@ class Admission:
                 record = _readable_ledger(raw, key) if raw is not None else None
                 if record is not None and not idempotency.live(record, now_ms, self.window_ms):
                     record = None
-            if record is not None and _same_content(record.content_hash, cand):
+            if record is not None and _same_content(record, cand):
                 # An exact replay is a duplicate (spec 4.1 rule 4), even of an
                 # identify stored before its visitor denied identity resolution.
                 first_in_batch[key] = index
@@ -237,6 +243,7 @@ class Admission:
             receipt_format = outbox.receipt_format(ctx.storage.node_id)
             client_id, site_id, key_type = self.client_id, self.site_id, self.key_type
             encode_record, encode_ledger = outbox.encode_fields, idempotency.encode_fields
+            hashed_as_written = idempotency.HASHED_AS_WRITTEN
             outbox_rows = []
             ledger_rows = []
             consents = []
@@ -263,7 +270,7 @@ class Admission:
                     fields += (cand.page,)
                 outbox_rows.append((seq.to_bytes(8, "big"), encode_record(fields)))
                 ledger_rows.append(
-                    (keys[index], encode_ledger((cand.content_hash, receipt, now_ms)))
+                    (keys[index], encode_ledger((cand.content_hash, receipt, now_ms, hashed_as_written)))
                 )
                 if cand.consent_key is not None:
                     consents.append(cand)

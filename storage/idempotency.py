@@ -18,6 +18,13 @@ class IdempotencyRecord(msgspec.Struct, array_like=True, frozen=True):
     content_hash: bytes
     receipt_id: str
     stored_ms: int
+    # How the hash was made: HASHED_AS_WRITTEN, or 0 (absent: a record of a version before
+    # 2026-11-25, which hashed the constrained number fields as floats; collector.ingest.number_forms).
+    # (Versions before it read a record this long too: msgspec ignores trailing items.)
+    hash_form: int = 0
+
+
+HASHED_AS_WRITTEN = 1  # numbers hashed in the form they were sent
 
 
 _encoder = msgspec.msgpack.Encoder()

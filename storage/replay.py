@@ -159,6 +159,7 @@ class StoreChunk:
             self.events,
         )
         ctx.txn.put(self.key, encode(record), db=db)
+        ctx.stored_elsewhere = True
         return StoredChunk(receipt, False)
 
 

@@ -46,7 +46,7 @@ class JobRefused(Exception):
 class WriteContext:
     """What a job may use inside the group's transaction."""
 
-    __slots__ = ("txn", "storage", "dbs", "next_seq", "now_ms", "appended")
+    __slots__ = ("txn", "storage", "dbs", "next_seq", "now_ms", "appended", "stored_elsewhere")
 
     def __init__(
         self, txn: lmdb.Transaction, storage: Storage, next_seq: int, now_ms: int, *, feeding: bool = False
@@ -59,6 +59,9 @@ class WriteContext:
         # This group's outbox appends, for the writer's in-transaction consumer
         # (None: there is none, so jobs need not collect them).
         self.appended: list[Appended] | None = [] if feeding else None
+        # Set by a job that stored something new outside the outbox (a replay chunk):
+        # such a commit, too, proves the directory writable again.
+        self.stored_elsewhere = False
 
     def allocate_seqs(self, count: int) -> int:
         """Reserve `count` outbox sequence numbers; returns the first."""
@@ -341,7 +344,7 @@ class GroupCommitWriter:
                     log.exception("in-transaction consumer failed; the group commits without it")
             # Only a commit that stored something proves the directory writable
             # again: one of duplicates only, or of deletions, writes no new page.
-            self._proved_writable = ctx.next_seq != first_seq or any(
+            self._proved_writable = ctx.next_seq != first_seq or ctx.stored_elsewhere or any(
                 getattr(ticket.job, "proves_writable", False) and ticket.error is None for ticket in pending
             )
             if ctx.next_seq != first_seq:

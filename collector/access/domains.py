@@ -107,6 +107,12 @@ def gate(key: KeyRecord, origin: str | None, referer: str | None) -> Site | None
     if not configured:
         return match_site(key, host) if host else None
     if host is None:
+        if origin or referer:  # (sent, but names no host: "acme.com" without a scheme, "null")
+            raise ServiceError(
+                "origin_required",
+                "this key only accepts requests whose Origin or Referer names a host"
+                " (a URL such as https://example.com; the one sent names none)",
+            )
         raise ServiceError("origin_required", "this key only accepts requests with an Origin or Referer")
     if is_loopback(host):
         return match_site(key, host)

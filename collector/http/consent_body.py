@@ -17,7 +17,9 @@ decision is a duplicate, another decision at the same timestamp is a new one
 (the fold gives a tie in time to the later arrival), and the same decision
 sent to another property of the tenant is that property's own (idempotency ids
 are tenant-wide, consent records per property). A request without `timestamp`
-but with an `Idempotency-Key` header takes the header's id instead, and one
+but with an `Idempotency-Key` header takes the header's id instead (an id the
+client chose, header or `_eid`, is tenant-wide: sent to another property it is
+other content, a 409), and one
 with neither is a new decision each time it is sent (two identical requests
 may be a visitor deciding twice): its tag is 16 random hex digits, so two
 decisions received in the same millisecond never collide. The event runs through the same
@@ -54,6 +56,7 @@ _encoder = msgspec.json.Encoder()
 
 
 MAX_ID = 128  # spec 8.1
+_SITE_TAG = b"site:"
 
 
 def _generated_id(visitor_id: str, timestamp: float, site_id: str, distinct: str) -> str:
@@ -112,6 +115,12 @@ def consent_to_event(
         event["_eid"] = request.eid
     elif request.timestamp is not None:
         event["_eid"] = _generated_id(request.visitorId, timestamp, site_id, _content_tag(identity))
+        return _encoder.encode(event), identity, legacy_identity
     elif not (idempotency_key and idempotency_key.strip(" \t")):
         event["_eid"] = _generated_id(request.visitorId, timestamp, site_id, os.urandom(8).hex())
-    return _encoder.encode(event), identity, legacy_identity
+        return _encoder.encode(event), identity, legacy_identity
+    # The client's id (its _eid, or its Idempotency-Key) is tenant-wide, and a consent
+    # record is one property's: the same id sent to another property is other content
+    # (409), not a duplicate that left that property's record unwritten (helper-88).
+    # Records of versions before this one hashed the request alone (the legacy identity).
+    return _encoder.encode(event), _SITE_TAG + site_id.encode() + b"\x00" + identity, identity

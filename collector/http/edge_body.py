@@ -17,11 +17,10 @@ POST /v1/events (validation, idempotency, payment scan, metering).
 from __future__ import annotations
 
 import ipaddress
-from typing import Annotated, Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 from urllib.parse import urlsplit
 
 import msgspec
-from msgspec import Meta
 
 from collector.errors import ServiceError
 from collector.ingest.validate import TITLE_MAX, URL_MAX, USER_AGENT_MAX
@@ -39,8 +38,9 @@ class EdgePageview(msgspec.Struct, frozen=True):
     consent: dict[str, Any] | None = None
     # The visitor's address as the edge saw it (CF-Connecting-IP and the like),
     # which the datacenter heuristic judges instead of the connection's (the edge
-    # worker's). Never stored, and not content: see _EdgeContent.
-    clientIp: Annotated[str, Meta(max_length=45)] | None = None
+    # worker's). Never stored, and not content: see _EdgeContent. Any JSON value:
+    # it is checked only when a trusted relay sent it (relayed_address).
+    clientIp: Any = None
 
 
 class _EdgeContent(msgspec.Struct, frozen=True):
@@ -64,7 +64,7 @@ class EdgeTranslation(NamedTuple):
     page_url: str
     identity: bytes  # what the idempotency hash covers: the request as sent, canonically encoded
     legacy_identity: bytes | None  # the previous version's identity, when it differs
-    client_ip: str | None  # the visitor's address, when the edge sent it
+    client_ip: Any  # the visitor's address as the edge sent it (any JSON value; None when absent)
 
 
 _decoder = msgspec.json.Decoder(EdgePageview)
@@ -152,18 +152,23 @@ def edge_to_event(body: bytes, *, user_agent: str | None, now_ms: int, website_k
     return EdgeTranslation(_encoder.encode(event), edge.url, identity, legacy, edge.clientIp)
 
 
-def relayed_address(client_ip: str | None) -> str | None:
+def relayed_address(client_ip: Any) -> str | None:
     """A trusted relay's `clientIp`, checked: it stands for the visitor's address.
 
     Checked only for a relay the operator trusts: from anyone else it is ignored,
-    and a malformed one ("", "unknown", a port) must not lose the pageview.
+    and a malformed one ("", "unknown", a port, a list, an X-Forwarded-For chain)
+    must not lose the pageview.
     """
-    if client_ip is not None and not _is_address(client_ip):
-        raise _invalid("$.clientIp", "clientIp is not an IPv4 or IPv6 address")
+    if client_ip is None:
+        return None
+    if not isinstance(client_ip, str) or not _is_address(client_ip):
+        raise _invalid("$.clientIp", "not an IPv4 or IPv6 address (one address, as a string)")
     return client_ip
 
 
 def _is_address(text: str) -> bool:
+    if len(text) > 45:  # (the longest IPv6 text form; ipaddress needs no longer input)
+        return False
     try:
         address = ipaddress.ip_address(text)
     except ValueError:

@@ -11,7 +11,7 @@ the degraded placeholder with HTTP 200 (spec 3), never a 5xx.
 from __future__ import annotations
 
 import logging
-from urllib.parse import unquote
+from urllib.parse import parse_qsl, unquote
 
 import msgspec
 
@@ -81,6 +81,15 @@ def _decoded_visitor(segment: bytes) -> str:
         raise ServiceError("validation_error", "visitorId must be percent-encoded UTF-8") from None
 
 
+def _strict_query(request: Request) -> dict[str, str]:
+    """The query string's parameters, refusing one that is not percent-encoded UTF-8 (as a visitorId)."""
+    raw: bytes = request.scope.get("query_string", b"")
+    try:
+        return dict(parse_qsl(raw.decode("latin-1"), keep_blank_values=True, errors="strict"))
+    except UnicodeDecodeError:
+        raise ServiceError("validation_error", "sessionId must be percent-encoded UTF-8") from None
+
+
 def _checked_id(name: str, value: str) -> str:
     if not 1 <= len(value) <= MAX_ID:
         raise ServiceError("validation_error", f"{name} must be 1 to {MAX_ID} characters, got {len(value)}")
@@ -105,6 +114,8 @@ async def _read_snapshot(
     visitor_id = _checked_id("visitorId", _decoded_visitor(segment))
     session_id = query.get("sessionId")
     if session_id is not None:
+        if "\ufffd" in session_id:  # (the query is read leniently: %ff became U+FFFD)
+            session_id = _strict_query(request).get("sessionId", "")
         _checked_id("sessionId", session_id)
     elif record.site_plan(site) is Plan.FREE:
         raise ServiceError(

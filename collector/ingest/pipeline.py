@@ -54,7 +54,7 @@ from collector.ingest.schema import (
 from collector.ingest.scrub import scrub_text
 from collector.ingest.sealing import seal_sensitive
 from collector.ingest.shape import refuse_ambiguous_shape
-from collector.ingest.validate import check_event, rewrite_platform
+from collector.ingest.validate import check_event, misspelt_identity_denial, rewrite_platform
 
 MAX_BATCH = 25
 MAX_STORED_EVENT = 120_000
@@ -70,16 +70,33 @@ _EMPTY_EID = len(b'{"eid":""')
 
 def _issue_from(error: msgspec.ValidationError) -> EventIssue:
     message, _, where = str(error).partition(" - at `")
+    if message == "Number out of range":  # (msgspec cannot say where: its path reads "$[...]")
+        return EventIssue("$", f"a number in the event is out of range: {_OUT_OF_RANGE}")
     path = where.rstrip("`")
     if path.startswith("key` in `"):  # a map's key: "... - at `key` in `$.values`"
         return EventIssue(path.removeprefix("key` in `"), f"a key: {message}")
     return EventIssue(path or "$", message)
 
 
-def decode_json(body: bytes) -> object:
-    """The body as plain JSON values; invalid_json for bad JSON, bad UTF-8 or absurd nesting."""
+_OUT_OF_RANGE = "numbers must fit a 64-bit float (at most about 1.8e308 in magnitude)"
+# Reads a float literal past a 64-bit float's range (valid JSON: RFC 8259 sets no
+# limit) as an infinity, where the plain decoder refuses the whole body.
+_lenient_decoder = msgspec.json.Decoder(float_hook=float)
+
+
+def decode_json(body: bytes, *, out_of_range_numbers: bool = False) -> object:
+    """The body as plain JSON values; invalid_json for bad JSON, bad UTF-8 or absurd nesting.
+
+    `out_of_range_numbers`: a float literal past a 64-bit float's range is read as an
+    infinity (for the caller to refuse the one event holding it), not invalid_json.
+    """
     try:
-        return _generic_decoder.decode(body)
+        try:
+            return _generic_decoder.decode(body)
+        except msgspec.ValidationError:  # (untyped, it is only ever a number out of range)
+            if not out_of_range_numbers:
+                raise ServiceError("invalid_json", f"a number is out of range: {_OUT_OF_RANGE}") from None
+            return _lenient_decoder.decode(body)
     except msgspec.DecodeError as exc:
         if body.startswith(b"\xef\xbb\xbf"):  # RFC 8259 8.1: senders must not add one
             raise ServiceError("invalid_json", "body starts with a byte order mark (EF BB BF): send the JSON without it") from None
@@ -346,7 +363,8 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
         events, single = typed
         _refuse_known_payment_data(body, events)
     else:
-        decoded = decode_json(body)
+        # (a batch with one number out of range rejects the event holding it, not the batch)
+        decoded = decode_json(body, out_of_range_numbers=True)
         refuse_payment_data(body, decoded)
         events, single = _decode_events(body, decoded, typed)
     refuse_ambiguous_shape(body, decoded, single=single)
@@ -361,6 +379,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
     verdicts: dict[object, BotInfo] = {}
     identity_choices: dict[str, dict[str, int]] = {}  # visitor -> eid -> its position in `accepted`
     strict_consent = ctx.strict_consent
+    misspelt_denials: set[str] = set()  # visitors whose identity denial was refused for its spelling
     for index, event in enumerate(events):
         if isinstance(event, EventIssue):
             eid = _raw_eid(decoded, index, single)
@@ -370,6 +389,10 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
         event, issues = check_event(event)
         if issues:
             rejected.append(RejectedEvent(index, event.eid, "validation_error", issues))
+            if event.consent is not None and misspelt_identity_denial(event.consent):
+                # refused for the spelling, but the visitor's refusal is plain: the
+                # identifies after it in this request are not stored (helper-87)
+                misspelt_denials.add(event.visitorId)
             continue
         eid = _event_id(event, index, header_key, ctx.production)
         if eid is None:
@@ -382,7 +405,9 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
         # (Each rule is called only for the events it can concern: a batch
         # pays for every call 25 times.)
         drop = consent_drop_reason(event, True) if strict_consent else None
-        if drop is None and isinstance(event, Identify) and identity_declined(event):
+        if drop is None and isinstance(event, Identify) and (
+            identity_declined(event) or event.visitorId in misspelt_denials
+        ):
             drop = "identity_consent_denied"
         withheld = None
         to_store = event

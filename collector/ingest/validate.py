@@ -127,6 +127,13 @@ def _misspelt_consent(consent: EventConsent) -> list[EventIssue]:
     ]
 
 
+def misspelt_identity_denial(consent: EventConsent) -> bool:
+    """Whether a misspelling of identityResolution (refused, above) says false."""
+    return any(
+        getattr(consent, name) is False for name, _, meant in _MISSPELT_CONSENT if meant == "identityResolution"
+    )
+
+
 # Built once: msgspec.json.decode(..., type=dict[str, str]) builds the type on every call.
 RAW_FIELDS_DECODER = msgspec.json.Decoder(dict[str, str])
 

@@ -200,14 +200,16 @@ async def test_an_edge_pageview_is_judged_by_its_visitor_not_by_the_edge_worker(
     }
     rows = await outbox_dump(server.data_dir)
     assert all("clientIp" not in str(row["event"]) and "198.51.100.9" not in str(row["event"]) for row in rows)
-    for bad_ip in ("nope", "2001:db8:dc::5%1"):  # (a scope id names a local link, and matched no list)
+    chain = "203.0.113.195, 198.51.100.17, 192.0.2.44, 10.1.2.3"  # an X-Forwarded-For, not one address
+    for bad_ip in ("nope", "2001:db8:dc::5%1", chain, 123, ["198.51.100.9"]):  # (a scope id names a local link)
         bad = await server.client.post("/v1/edge/pageview", headers=worker, json={
             "_eid": "edge-bad-ip", "visitorId": "v", "sessionId": "s", "url": "https://acme.com/", "clientIp": bad_ip})
         assert (bad.status_code, bad.json()["error"]) == (400, "validation_error"), bad.text
-        assert bad.json()["details"] == [{"path": "$.clientIp", "message": "clientIp is not an IPv4 or IPv6 address"}]
+        assert bad.json()["details"] == [
+            {"path": "$.clientIp", "message": "not an IPv4 or IPv6 address (one address, as a string)"}]
     # From a sender that is no trusted relay clientIp is ignored: a malformed one (an edge
-    # worker forwarding a missing header as "") lost the pageview (helper-85).
-    for index, bad_ip in enumerate(("", "unknown", "203.0.113.5:443")):
+    # worker forwarding a missing header as "") lost the pageview (helpers 85 and 86).
+    for index, bad_ip in enumerate(("", "unknown", "203.0.113.5:443", chain, 123, True, {}, ["198.51.100.9"])):
         fine = await server.client.post("/v1/edge/pageview", headers=stranger, json={
             "_eid": f"stranger-bad-ip-{index}", "visitorId": "v", "sessionId": "s", "url": "https://acme.com/",
             "clientIp": bad_ip})

@@ -5,10 +5,12 @@ from __future__ import annotations
 import gzip
 import json
 
+import msgspec
 import trio
 
+from storage import idempotency
 from tests.conftest import BROWSER_KEY, MOBILE_KEY, RunningServer, click, pageview
-from tests.helpers import outbox_dump, run_cli
+from tests.helpers import outbox_dump, read_stored, rewrite_stored, run_cli
 
 H = {"X-API-Key": BROWSER_KEY, "Origin": "https://acme.com", "Content-Type": "application/json"}
 
@@ -433,19 +435,29 @@ async def test_numbers_are_stored_as_written_and_old_float_records_still_match(s
     assert (stored["depth"], stored["timeOnPage"], stored["device"]["viewport"]) == (
         50, 1200, {"width": 1280, "height": 800})
     assert isinstance(stored["depth"], int) and isinstance(stored["device"]["viewport"]["width"], int)
-    # Versions before 2026-11-25 stored and hashed those numbers as floats (1280.0), as
-    # this version does an event that writes them so: a retry written with whole
-    # numbers is a duplicate of such a record, not a conflict.
+    # Versions before 2026-11-25 stored and hashed those numbers as floats (1280.0): a
+    # retry written with whole numbers is a duplicate of such a record, not a conflict.
     as_floats = pageview("old-record", type="scroll", depth=50.0, timeOnPage=1200.0,
                          device={**scroll["device"], "viewport": {"width": 1280.0, "height": 800.0}})  # type: ignore[dict-item]
     first = await post(server, as_floats)
     assert first.json()["accepted"] == 1, first.text
+    # (this version's record, made as an earlier version wrote it: without its hash form)
+    key = idempotency.ledger_key("acme", "old-record")
+    record = idempotency.decode(read_stored(server.data_dir, "idempotency", key) or b"")
+    older = msgspec.msgpack.encode((record.content_hash, record.receipt_id, record.stored_ms))
+    await trio.to_thread.run_sync(lambda: rewrite_stored(server.data_dir, "idempotency", key, value=older))
     retry = await post(server, {**scroll, "_eid": "old-record"})
     assert (retry.status_code, retry.json()["duplicates"]) == (202, 1), retry.text
     assert retry.json()["receiptIds"] == first.json()["receiptIds"]
     changed = await post(server, {**scroll, "_eid": "old-record", "depth": 75})
     assert changed.json()["error"] == "idempotency_conflict"
-    assert [row["eid"] for row in await outbox_dump(server.data_dir)] == ["numbers", "old-record"]
+    # A record this version wrote with floats is other content than whole numbers
+    # (helpers 87 and 88: it was a duplicate, or a 409, by which came first).
+    new_floats = await post(server, {**as_floats, "_eid": "new-record"})
+    assert new_floats.json()["accepted"] == 1, new_floats.text
+    as_ints = await post(server, {**scroll, "_eid": "new-record"})
+    assert as_ints.json()["error"] == "idempotency_conflict", as_ints.text
+    assert [row["eid"] for row in await outbox_dump(server.data_dir)] == ["numbers", "old-record", "new-record"]
 
 
 async def test_values_the_schema_let_through_are_refused_per_event_and_not_stored(server: RunningServer) -> None:
@@ -468,14 +480,47 @@ async def test_values_the_schema_let_through_are_refused_per_event_and_not_store
     assert [row["eid"] for row in await outbox_dump(server.data_dir)] == ["fine"]
 
 
+async def test_a_number_out_of_range_rejects_its_event_not_the_batch(server: RunningServer) -> None:
+    # helper-87: 1e309 is valid JSON (RFC 8259 sets no limit), and one such number
+    # anywhere refused the whole batch as invalid_json.
+    fine = json.dumps(pageview("in-range"))
+    huge = json.dumps(pageview("out-of-range", type="scroll", depth=50, timeOnPage=1)).replace(
+        '"timeOnPage": 1', '"timeOnPage": 1e309')
+    response = await post(server, None, raw=f'{{"events": [{fine}, {huge}]}}'.encode())
+    assert response.status_code == 202, response.text
+    assert (response.json()["accepted"], response.json()["rejected"]) == (1, 1)
+    assert "out of range" in response.json()["errors"][0]["issues"][0]["message"]
+    alone = await post(server, None, raw=huge.replace("out-of-range", "alone").encode())
+    assert (alone.status_code, alone.json()["error"]) == (400, "validation_error"), alone.text
+    assert [row["eid"] for row in await outbox_dump(server.data_dir)] == ["in-range"]
+
+
+async def test_a_misspelt_identity_denial_still_stops_the_identifies_after_it(server: RunningServer) -> None:
+    # helper-87: the transition was refused for its spelling and the identify after it stored.
+    denial = pageview("denial", type="_consent_transition", consent={"analytics": True, "identity_resolution": False})
+    del denial["page"]
+    who = pageview("who", type="identify", hem="a" * 64)
+    other = pageview("other-visitor", type="identify", hem="b" * 64, visitorId="v2")
+    response = await post(server, {"events": [denial, who, other]})
+    assert response.status_code == 202, response.text
+    body = response.json()
+    assert [(e["eid"], e["error"], e.get("reason")) for e in body["errors"]] == [
+        ("denial", "validation_error", None), ("who", "dropped", "identity_consent_denied")]
+    assert [row["eid"] for row in await outbox_dump(server.data_dir)] == ["other-visitor"]
+
+
 async def test_outbox_dump_lines_survive_unicode_line_splitting(server: RunningServer) -> None:
     # helper-84: U+2028 in a stored string (JSON lets it stand raw) cut a record of
     # `outbox dump` in two for any reader splitting lines the Unicode way.
-    event = pageview("separators", page={"url": "https://acme.com/", "path": "/a\u2028b\u2029c", "title": "t"})
+    # helper-86: U+0085 too, and in the event's id.
+    eid = "sep\u2028ar\u0085ators"
+    event = pageview(eid, page={"url": "https://acme.com/", "path": "/a\u2028b\u2029c\u0085d", "title": "t"})
     assert (await post(server, event)).json()["accepted"] == 1
     dumped = run_cli("outbox", "dump", data_dir=server.data_dir).stdout
-    lines = dumped.splitlines()  # (str.splitlines also splits at U+2028 and U+2029)
-    assert len(lines) == 1 and json.loads(lines[0])["event"]["page"]["path"] == "/a\u2028b\u2029c"
+    lines = dumped.splitlines()  # (str.splitlines also splits at U+0085, U+2028 and U+2029)
+    assert len(lines) == 1, lines
+    record = json.loads(lines[0])
+    assert (record["eid"], record["event"]["page"]["path"]) == (eid, "/a\u2028b\u2029c\u0085d")
 
 
 async def test_edge_pageview(server: RunningServer) -> None:

@@ -140,11 +140,14 @@ async def test_a_browser_page_posting_edge_pageviews_meets_the_domain_gate(
     body = {"_eid": "ev", "url": "https://evil.com/", "visitorId": "v", "sessionId": "s", "userAgent": "Mozilla/5.0"}
     for headers, error in (({"Origin": "https://evil.com"}, "domain_not_allowed"),
                            ({"Referer": "https://evil.com/page"}, "domain_not_allowed"),
-                           ({"Origin": "null"}, "origin_required")):  # a sandboxed frame
+                           ({"Origin": "null"}, "origin_required"),  # a sandboxed frame
+                           ({"Origin": "acme.com"}, "origin_required")):  # no scheme: names no host
         response = await server.client.post(
             f"/v1/edge/pageview?key={BROWSER_KEY}", content=json.dumps(body),
             headers={"Content-Type": "text/plain", **headers})
         assert (response.status_code, response.json()["error"]) == (403, error), headers
+        if error == "origin_required":  # (helper-87: it said no Origin was sent)
+            assert "names a host" in response.json()["message"], response.text
     own = await server.client.post(f"/v1/edge/pageview?key={BROWSER_KEY}", json={**body, "_eid": "own"},
                                    headers={"Origin": "https://www.acme.com"})
     assert own.status_code == 202, own.text

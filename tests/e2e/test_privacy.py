@@ -619,6 +619,26 @@ async def test_one_decision_sent_to_two_properties_is_recorded_for_both(
     ]
 
 
+async def test_a_client_chosen_consent_id_sent_to_another_property_is_a_conflict(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # helper-88: the id (an Idempotency-Key or _eid) is tenant-wide and the record per
+    # property: the second property's decision was reported a duplicate, left unrecorded,
+    # and an identify there was stored for a visitor who had denied it.
+    server = await started(nursery, tmp_path)
+    decision = {"visitorId": "vk", "consent": {"analytics": True, "identityResolution": False}}
+    for extra, headers in (({}, {"Idempotency-Key": "ck-1"}), ({"_eid": "ce-1"}, {})):
+        at_a = {"X-API-Key": MULTI, "Origin": "https://a.com", **headers}
+        at_b = {**at_a, "Origin": "https://b.com"}
+        first = await server.client.post("/v1/consent", json={**decision, **extra}, headers=at_a)
+        assert first.json()["accepted"] == 1, first.text
+        retry = await server.client.post("/v1/consent", json={**decision, **extra}, headers=at_a)
+        assert retry.json()["duplicates"] == 1, retry.text
+        elsewhere = await server.client.post("/v1/consent", json={**decision, **extra}, headers=at_b)
+        assert (elsewhere.status_code, elsewhere.json()["error"]) == (409, "idempotency_conflict"), elsewhere.text
+    assert len(await stored_events(server)) == 2
+
+
 async def test_different_decisions_at_one_timestamp_are_each_recorded_and_the_later_wins(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import trio
 
 from collector.errors import ServiceError
 from collector.ingest.replay import MAX_CHUNK_BYTES, prepare_replay
@@ -16,7 +17,7 @@ from storage.backup import backup
 from storage.check import check
 from storage.env import DB_NAMES, Storage
 from storage.retention import RetentionSweep, SweepResult
-from storage.writer import JobRefused, run_job_now
+from storage.writer import GroupCommitWriter, JobRefused, run_job_now
 from tests.unit.test_check import NOV
 
 DAY = 86_400_000
@@ -301,3 +302,20 @@ def test_dump_lines_are_json_with_the_records_spliced_in(storage: Storage) -> No
         "timestamp", "events",
     }  # fmt: skip
     assert (lines[0]["receivedAt"], lines[0]["timestamp"]) == (NOV, None)
+
+
+async def test_a_stored_chunk_proves_the_directory_writable_and_a_duplicate_does_not(storage: Storage) -> None:
+    # helper-86: after a refused chunk /readyz stayed 503 while smaller chunks were stored
+    # (only an event or the probe, whose megabyte no longer fitted, made it healthy).
+    def chunk(seq: int) -> replay.StoreChunk:
+        return replay.StoreChunk(client_id="acme", site_id="web", session_id="s1", seq=seq,
+                                 content_hash=b"#" * 16, visitor_id="v1", client_timestamp=None, events=b"[]")
+
+    writer = GroupCommitWriter(storage)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        await writer.submit(chunk(1))
+        writer.healthy = False  # (as after a failed commit)
+        assert (await writer.submit(chunk(1))).duplicate and not writer.healthy
+        assert not (await writer.submit(chunk(2))).duplicate and writer.healthy
+        nursery.cancel_scope.cancel()

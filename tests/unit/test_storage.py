@@ -263,8 +263,16 @@ def test_admission_encodings_match_the_record_structs() -> None:
     # Records of other events end before the page fact: they read as its default.
     assert outbox.decode(outbox.encode_fields(fields)) == outbox.OutboxRecord(*fields)
     assert outbox.decode_facts(outbox.encode_fields(scrolled)).page == ["s1", "/pricing", 75.0, 1200.0]
-    ledger = (b"h" * 16, "rcpt_ab000000000001", 123)
+    ledger = (b"h" * 16, "rcpt_ab000000000001", 123, idempotency.HASHED_AS_WRITTEN)
     assert idempotency.encode_fields(ledger) == idempotency.encode(idempotency.IdempotencyRecord(*ledger))
+    # A record of a version before the hash form reads as 0; those versions read a new one.
+    assert idempotency.decode(idempotency.encode_fields(ledger[:3])).hash_form == 0
+    class Before(msgspec.Struct, array_like=True, frozen=True):  # (the record as they declared it)
+        content_hash: bytes
+        receipt_id: str
+        stored_ms: int
+
+    assert msgspec.msgpack.decode(idempotency.encode_fields(ledger), type=Before) == Before(*ledger[:3])
     for node in ("ab12cd34", "odd%node"):
         assert outbox.receipt_format(node) % 0x1F == outbox.receipt_id(node, 0x1F)
     assert idempotency.ledger_keys("acme", ["a", "b"]) == [
