@@ -29,7 +29,7 @@ from quart_trio import QuartTrio
 from collector import systemd
 from collector.access.keycache import KeyCache
 from collector.demo import DEMO_KEYS, DEMO_TENANTS
-from collector.fieldkeys import key_file_path, load_or_create, settle_key_file
+from collector.fieldkeys import key_file_path, serving_sealer, settle_key_file
 from collector.http.access_log import flush_periodically as flush_access_log
 from collector.http.asgi import Receive, Scope, Send, send_response
 from collector.http.client_address import TrustedProxies
@@ -54,7 +54,12 @@ from collector.limits.usage import billing_period
 from collector.log_sink import stderr_sink
 from collector.metrics import Metrics, gauge
 from collector.metrics_share import SharedMetrics, publish_every_second
-from collector.runtime import STOP_SIGNALS, defer_stop_signals, early_stop_signal
+from collector.runtime import (
+    STOP_SIGNALS,
+    announce_listening,
+    defer_stop_signals,
+    early_stop_signal,
+)
 from collector.services import Services, wall_clock
 from collector.settings import Settings, SettingsError, load_cidrs
 from collector.signals.projection import VisitorProjection
@@ -149,7 +154,7 @@ def build_services(
     writer.at_commit = commit_fold
     keys = KeyCache(storage, ttl=settings.key_cache_ttl, negative_ttl=settings.key_negative_ttl)
     services = Services(
-        sealer=load_or_create(key_file_path(settings)),
+        sealer=serving_sealer(storage, key_file_path(settings)),
         bots=bot_classifier(settings),
         proxies=trusted_proxies(settings),
         settings=settings,
@@ -360,7 +365,7 @@ async def serve(
                     # still ends the process at once.
                     defer_stop_signals()
                 for url in binds:
-                    print(f"collector listening on {url}", flush=True)
+                    announce_listening(url)
                 log.info("listening on %s", ", ".join(binds))
                 systemd.notify(f"READY=1\nSTATUS=listening on {', '.join(binds)}")
                 interval = systemd.watchdog_interval()

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import msgspec
 
@@ -62,6 +62,7 @@ def _storage(args: argparse.Namespace, *, create: bool = False) -> Iterator[Stor
     A path that cannot be opened as one is bad input (exit 2).
     """
     from collector.app import open_storage
+    from storage.datadir import keep_directory_owner
 
     settings = _settings_from(args)
     path = Path(settings.data_dir)
@@ -72,6 +73,7 @@ def _storage(args: argparse.Namespace, *, create: bool = False) -> Iterator[Stor
         raise UsageError(f"cannot open the data directory {path}: {exc.strerror or exc}") from None
     except StorageError as exc:
         raise UsageError(f"cannot open the data directory {path}: {exc}") from None
+    keep_directory_owner(path)
     try:
         yield storage
     finally:
@@ -354,17 +356,21 @@ def cmd_visitors_show(args: argparse.Namespace) -> int:
 
 def cmd_keys_rotate_field_key(args: argparse.Namespace) -> int:
     from collector.fieldkeys import key_file_path, refuse_a_lost_key_file, rotate
-    from storage.field_key_ids import recorded_key_ids
+    from storage.field_key_ids import record_key_ids, recorded_key_ids
 
     settings = _settings_from(args)
     if not settings.field_key_file:  # the default key file lives in the data directory
         _check_data_dir(Path(settings.data_dir), create=False)
-    taken: list[str] = []
-    if (Path(settings.data_dir) / "data.mdb").exists():
-        with _storage(args) as storage:
-            refuse_a_lost_key_file(storage, key_file_path(settings))
-            taken = recorded_key_ids(storage)
-    print(rotate(key_file_path(settings), taken))
+    if not (Path(settings.data_dir) / "data.mdb").exists():
+        print(rotate(key_file_path(settings)))
+        return 0
+    with _storage(args) as storage:
+        refuse_a_lost_key_file(storage, key_file_path(settings))
+        new_id = rotate(key_file_path(settings), recorded_key_ids(storage))
+        # Recorded at once (after the file has it: a start refuses a file lacking a
+        # recorded id): a worker restarted before the next start of serve seals with it.
+        record_key_ids(storage, [new_id])
+    print(new_id)
     return 0
 
 
@@ -661,8 +667,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     from storage.backup import BackupError
     from storage.errors import FormatError
 
+    if args.command != "serve":
+        if sys.stdout is None:  # (fd 1 closed: print() would drop what it prints, silently)
+            print("collector: stdout is closed: nothing was done (the command prints its result there)",
+                  file=sys.stderr)
+            return 2
+        sys.stdout = _CheckedOutput(sys.stdout)  # type: ignore[assignment]
     try:
-        return func(args)
+        status = func(args)
+        if isinstance(sys.stdout, _CheckedOutput):
+            sys.stdout.flush()  # (here, not at exit: a failure is then told as such)
+        return status
+    except OutputLost as lost:
+        # Not bad input (2): what the command changed is done, and rerunning it may
+        # not give the same answer (`keys rotate` once wrote nothing to a full disk).
+        print(f"collector: writing the output failed ({lost}): whatever the command changed is done;"
+              " only its output is lost", file=sys.stderr)
+        return 1
     except (
         UsageError, SettingsError, TenantsFileError, KeyAdminError, FormatError, BackupError, KeyFileError,
         RevealError,
@@ -686,6 +707,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f": {exc.filename}" if exc.filename else ""
         print(f"collector: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
+    finally:
+        if isinstance(sys.stdout, _CheckedOutput):
+            sys.stdout = sys.stdout.stream
+
+
+class OutputLost(Exception):
+    """Writing a command's output to stdout failed (a full disk, an I/O error)."""
+
+
+class _CheckedOutput:
+    """stdout, telling a failed write of the output from the command's own errors."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self.stream.write(text))
+        except BrokenPipeError:
+            raise  # (the reader went away, `| head -1`: that is no failure)
+        except OSError as exc:
+            raise OutputLost(exc.strerror or str(exc)) from None
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputLost(exc.strerror or str(exc)) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
 
 
 if __name__ == "__main__":

@@ -122,6 +122,18 @@ def load_or_create(path: Path) -> FieldSealer:
     return _sealer(_read(path), path)
 
 
+def serving_sealer(storage: Storage, path: Path) -> FieldSealer:
+    """load_or_create, for a process about to seal, recording the file's key ids first.
+
+    Every worker reads the file when it starts: one restarted after a `keys
+    rotate-field-key` sealed with a key id the directory had not recorded, and
+    an older copy of the file then passed the lost-key check (helper-89).
+    """
+    sealer = load_or_create(path)
+    record_key_ids(storage, list(_read(path).keys))
+    return sealer
+
+
 def settle_key_file(storage: Storage, path: Path) -> None:
     """At start, once: create the key file on a first start, refuse a missing one, or one
     lacking a key, where values were sealed; check the file, and record its key ids."""

@@ -91,3 +91,16 @@ def defer_stop_signals() -> None:
 def early_stop_signal() -> int | None:
     """The first stop signal that arrived before serve() watched for it, if any."""
     return _early_stop[0] if _early_stop else None
+
+
+def announce_listening(url: str) -> None:
+    """Print the operator contract's `collector listening on URL` line on stdout.
+
+    A stdout that is closed, or a pipe whose reader is gone (`serve | true`),
+    must not stop a server that is otherwise ready: it killed the process with
+    a traceback (helper-89). The log line beside it still says so on stderr.
+    """
+    if sys.stdout is None:
+        return
+    with contextlib.suppress(OSError, ValueError):  # (ValueError: a closed file object)
+        print(f"collector listening on {url}", flush=True)

@@ -70,8 +70,12 @@ def import_tenants(storage: Storage, data: bytes) -> list[KeyRecord]:
             merged[record.key] = record
             touched.add(record.billing_account)
             changed |= _follow_rotation(merged, record, named=changed)
+        # Grouped once: scanning every record for every account took 334 s for 50,000
+        # keys of their own accounts, inside the write transaction ingest waits on (helper-89).
+        named = _by_account(records)
+        members = _by_account(merged.values(), touched)
         for account in touched:
-            changed |= _apply_account_terms(merged, account, [r for r in records if r.billing_account == account])
+            changed |= _apply_account_terms(merged, account, members.get(account, []), named.get(account, []))
         return {key: encode_record(merged[key]) for key in changed}
 
     key_store.update_keys(storage, update, lambda: moved)
@@ -118,12 +122,24 @@ def _follow_rotation(merged: dict[str, KeyRecord], record: KeyRecord, *, named: 
     return followed
 
 
-def _apply_account_terms(merged: dict[str, KeyRecord], account: str, named: list[KeyRecord]) -> set[str]:
-    """Give every key of `account` the account's contract, overage and plan; the keys that changed.
+def _by_account(records: Iterable[KeyRecord], accounts: set[str] | None = None) -> dict[str, list[KeyRecord]]:
+    """The records by billing account (only those of `accounts`, when given), in order."""
+    grouped: dict[str, list[KeyRecord]] = {}
+    for record in records:
+        account = record.billing_account
+        if accounts is None or account in accounts:
+            grouped.setdefault(account, []).append(record)
+    return grouped
+
+
+def _apply_account_terms(
+    merged: dict[str, KeyRecord], account: str, members: list[KeyRecord], named: list[KeyRecord]
+) -> set[str]:
+    """Give every key of `account` (`members`: its keys in `merged`) the account's contract,
+    overage and plan; the keys that changed.
 
     `named`: the file's keys of the account, which decide (else its stored live keys).
     """
-    members = [r for r in merged.values() if r.billing_account == account]
     live = [r for r in members if not r.revokedAt]
     settled = next((r for r in live if r.accountTerms), None)
     if not named and settled is not None:  # a key moved away: the account keeps its terms

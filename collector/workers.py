@@ -49,7 +49,7 @@ import msgspec
 import trio
 
 from collector import systemd
-from collector.runtime import STOP_SIGNALS, defer_stop_signals
+from collector.runtime import STOP_SIGNALS, announce_listening, defer_stop_signals
 from collector.settings import Settings, SettingsError
 
 log = logging.getLogger("collector.workers")
@@ -179,7 +179,7 @@ class Supervisor:
                     return 1
                 if not self.stopping.is_set():
                     url = listening_url(self.sock)
-                    print(f"collector listening on {url}", flush=True)
+                    announce_listening(url)
                     log.info("listening on %s with %d workers", url, self.settings.workers)
                     systemd.notify(
                         f"READY=1\nSTATUS=listening on {url} with {self.settings.workers} workers\n"

@@ -78,6 +78,12 @@ def backup(
     """
     dest = Path(dest_dir)
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        if (dest / "data.mdb").exists() and not (dest / MANIFEST).exists():
+            # (a backup killed before its manifest: nothing restore would take)
+            raise BackupError(
+                f"backup destination {dest} holds an unfinished backup (a data.mdb without {MANIFEST}):"
+                " remove it and run the backup again"
+            )
         raise BackupError(f"backup destination {dest} is not an empty directory")
     created_dir = not dest.exists()
     # LMDB creates the copy with the umask and it is made 0600 only once done: a

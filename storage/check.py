@@ -27,6 +27,7 @@ with tenants and periods, not with events), and reports:
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 from typing import Any
@@ -37,7 +38,7 @@ import msgspec
 from storage import consent, counters, idempotency, keys, outbox, replay, visitors
 from storage.audit import verify_chain
 from storage.env import Storage
-from storage.errors import UNREADABLE_RECORD, mapped_lmdb_errors
+from storage.errors import UNREADABLE_RECORD, StorageError, mapped_lmdb_errors
 from storage.outbox import receipt_seq
 from storage.retention import RETAINED_FROM
 
@@ -304,21 +305,31 @@ class _Checker:
                 self.problem(f"cursor {name} is at seq {seq}, past the outbox head {head}")
 
 
+_DAMAGED_PAGE = (lmdb.CorruptedError, lmdb.PageNotFoundError)
+
+
 def check(storage: Storage, *, max_problems: int = 100) -> CheckReport:
     """Verify the data directory in one read snapshot; never writes.
 
     Problems past `max_problems` are counted, not listed. Raises StorageError
     when the environment cannot be read at all.
     """
-    with mapped_lmdb_errors(), storage.read() as txn:
-        checker = _Checker(storage, txn, max_problems)
-        checker.outbox()
-        checker.idempotency()
-        checker.usage()
-        checker.replay()
-        checker.visitors()
-        checker.consent()
-        checker.cursors()
-    for problem in verify_chain(storage):
-        checker.problem(problem)
+    with mapped_lmdb_errors(), contextlib.ExitStack() as transactions:
+        checker = _Checker(storage, transactions.enter_context(storage.read()), max_problems)
+        for part in (checker.outbox, checker.idempotency, checker.usage, checker.replay, checker.visitors,
+                     checker.consent, checker.cursors):  # fmt: skip
+            try:
+                part()
+            except _DAMAGED_PAGE as exc:
+                # A damaged page ends that pass, not the check: the report says which
+                # records, and the others are still checked (helper-89: no report at
+                # all), in a transaction of their own (LMDB fails every later read of
+                # the one that met the damage).
+                checker.problem(f"the {part.__name__} records are damaged: {exc} (what lies past it was not read)")
+                checker.txn = transactions.enter_context(storage.read())
+    try:
+        for problem in verify_chain(storage):
+            checker.problem(problem)
+    except (*_DAMAGED_PAGE, StorageError) as exc:
+        checker.problem(f"the audit log is damaged: {exc}")
     return checker.report

@@ -39,6 +39,29 @@ DB_NAMES = frozenset(_DB_NAMES)
 MIN_FREE_TO_CREATE = 4 * 1024 * 1024
 
 
+def keep_directory_owner(path: Path) -> None:
+    """Give the environment's files the data directory's owner when root opened them.
+
+    An operator command run as root (the README allows it) created a root-owned
+    0600 `lock.mdb` (or `data.mdb`) in the service's directory, which the service
+    then could not open: its next start was refused (helper-89). Best effort: root
+    without CAP_CHOWN leaves them, as the service's own user never needs this.
+    """
+    if os.geteuid() != 0:
+        return
+    try:
+        owner = path.stat()
+    except OSError:
+        return
+    for name in ("data.mdb", "lock.mdb"):
+        file = path / name
+        try:
+            if file.stat().st_uid != owner.st_uid:
+                os.chown(file, owner.st_uid, owner.st_gid)
+        except OSError:
+            continue
+
+
 def data_dir_problem(path: Path, *, create: bool) -> str | None:
     """Why `path` cannot be used as a data directory, or None. Writes nothing."""
     if path.exists() and not path.is_dir():

@@ -6,6 +6,7 @@ JSON). Stored Structs evolve only by appending fields with defaults.
 
 from __future__ import annotations
 
+import datetime
 import enum
 import json
 import re
@@ -142,6 +143,9 @@ _KEY_TEXT = re.compile("[!-~](?:[ -~]*[!-~])?")  # printable ASCII, not starting
 
 def parse_tenants_file(data: bytes) -> list[KeyRecord]:
     """Parse and validate a whole tenants file; raises TenantsFileError naming the problem."""
+    # An editor's byte order mark (RFC 8259 lets a parser ignore it): it was refused
+    # as "invalid character (byte 0)", which no one could find in the file.
+    data = data.removeprefix(b"\xef\xbb\xbf")
     try:
         parsed = _file_decoder.decode(data)
     except msgspec.ValidationError as exc:
@@ -220,6 +224,31 @@ def _check_entry(record: KeyRecord, index: int) -> None:
     for at, name in names:
         if name and not _NAME_TEXT.fullmatch(name):  # ("" billingAccount means the clientId)
             raise TenantsFileError(f"invalid tenants file: a NUL character in {name!r} - at {at}")
+    site_ids = [site.siteId for site in record.sites]
+    for n, site_id in enumerate(site_ids):
+        if site_id in site_ids[:n]:  # (the second was unreachable: the first matched its domains)
+            raise TenantsFileError(f"invalid tenants file: siteId {site_id!r} twice in one key - at {where}.sites[{n}]")
+    if record.rateLimit is not None and record.rateLimit > MAX_RATE_LIMIT:
+        raise TenantsFileError(
+            f"invalid tenants file: rateLimit {record.rateLimit:g} is over {MAX_RATE_LIMIT:,} requests/s"
+            f" - at {where}.rateLimit"
+        )
+    if record.createdAt and not _is_iso_timestamp(record.createdAt):
+        raise TenantsFileError(
+            f"invalid tenants file: createdAt {record.createdAt!r} is not an ISO 8601 timestamp"
+            f" (2026-11-01T00:00:00Z) - at {where}.createdAt"
+        )
+
+
+MAX_RATE_LIMIT = 1_000_000_000  # requests/s: past any node; 1e308 made bucket arithmetic inf
+
+
+def _is_iso_timestamp(text: str) -> bool:
+    try:
+        datetime.datetime.fromisoformat(text)
+    except ValueError:
+        return False
+    return text[:4].isdigit()
 
 
 def encode_record(record: KeyRecord) -> bytes:

@@ -98,6 +98,12 @@ def test_backup_refuses_a_non_empty_destination(live: Storage, tmp_path: Path) -
     (tmp_path / "afile").write_text("x")
     with pytest.raises(BackupError, match="not an empty directory"):
         backup(live, tmp_path / "afile")
+    # helper-89: one killed before its manifest was only "not an empty directory"
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    (killed / "data.mdb").write_bytes(b"partial")
+    with pytest.raises(BackupError, match="holds an unfinished backup"):
+        backup(live, killed)
     empty = tmp_path / "empty"
     empty.mkdir()
     assert backup(live, empty).outbox_last_seq == 3  # an empty directory is fine

@@ -366,3 +366,27 @@ def test_an_event_member_that_is_not_utf8_is_a_problem(storage: Storage) -> None
     put_raw(storage, "outbox", outbox.seq_key(1), spoiled(row, b'web", "receivedAt'))  # the event's siteId
     problems = check(storage).problems
     assert len(problems) == 1 and problems[0].startswith("outbox seq 1 does not decode: 'utf-8' codec"), problems
+
+
+def test_a_damaged_page_is_reported_and_the_rest_still_checked(tmp_path: Path) -> None:
+    # helper-89: an MDB_CORRUPTED page ended `collector check` with one line and no report.
+    opened = Storage(tmp_path / "data")
+    add_key(opened, "acme")
+    for batch in range(40):
+        admit(opened, [f"e{batch * 25 + i:04d}" for i in range(25)])
+    opened.close()
+    data = bytearray((tmp_path / "data" / "data.mdb").read_bytes())
+    page = 4096
+    at = data.index(b'"eid": "e0500"') // page * page  # an outbox leaf page, mid-database
+    assert data[at + 10] & 0x02  # (LMDB's page flags: P_LEAF)
+    # Marked a meta page: "Located page was wrong type". (Some other damage trips an
+    # assertion inside LMDB, which aborts the process: faulthandler names it on stderr.)
+    data[at + 10 : at + 12] = b"\x10\x00"
+    (tmp_path / "data" / "data.mdb").write_bytes(bytes(data))
+    damaged = Storage(tmp_path / "data")
+    try:
+        report = check(damaged)
+    finally:
+        damaged.close()
+    assert any(p.startswith("the outbox records are damaged: ") for p in report.problems), report.problems
+    assert report.keys == 1  # (the passes after it ran, each in a transaction of its own)
