@@ -199,7 +199,8 @@ def test_a_worker_stopped_on_purpose_is_started_again_and_no_crash(tmp_path: Pat
     try:
         first = server.children()
         for _ in range(7):  # more than the crash limit (5 within 60 s), had they counted
-            recycled = server.children()[1]
+            # (not by position: pids wrap, and a replacement may sort before the worker kept)
+            recycled = next(pid for pid in server.children() if pid != first[0])
             os.kill(recycled, signal.SIGTERM)
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline:  # gone, replaced, and the replacement serving
