@@ -75,6 +75,29 @@ def _content_tag(identity: bytes) -> str:
     return hashlib.blake2b(identity, digest_size=8).hexdigest()
 
 
+_BODY_FIELDS = frozenset(field.encode_name for field in msgspec.structs.fields(ConsentBody))
+
+
+def _name_every_unknown_field(body: bytes, error: ServiceError) -> None:
+    """Raise a refusal naming each unknown top-level field, when `error` named the first only.
+
+    (msgspec stops at the first: a body with two was told of one, fixed, then of the next.)
+    """
+    if "unknown field" not in error.message:
+        return
+    try:
+        members = msgspec.json.decode(body)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return
+    unknown = [name for name in members if name not in _BODY_FIELDS] if isinstance(members, dict) else []
+    if len(unknown) > 1:
+        found = ", ".join(f"`{name}`" for name in unknown)
+        raise ServiceError(
+            "validation_error", f"invalid consent body: Object contains unknown fields {found} - at `$`",
+            details=[{"path": f"$.{name}", "message": f"Object contains unknown field `{name}`"} for name in unknown],
+        ) from None
+
+
 def refuse_unknown_choices(consent: dict[str, Any]) -> None:
     """ServiceError (400 validation_error) naming each field of `consent` that is not a choice.
 
@@ -98,7 +121,11 @@ def consent_to_event(
 
     Raises ServiceError on a bad body.
     """
-    request = decode_translated(_decoder, body, "consent body")
+    try:
+        request = decode_translated(_decoder, body, "consent body")
+    except ServiceError as error:
+        _name_every_unknown_field(body, error)
+        raise
     refuse_unknown_choices(request.consent)
     timestamp = request.timestamp if request.timestamp is not None else now_ms
     consent = dict(request.consent)
@@ -122,5 +149,7 @@ def consent_to_event(
     # The client's id (its _eid, or its Idempotency-Key) is tenant-wide, and a consent
     # record is one property's: the same id sent to another property is other content
     # (409), not a duplicate that left that property's record unwritten (helper-88).
-    # Records of versions before this one hashed the request alone (the legacy identity).
-    return _encoder.encode(event), _SITE_TAG + site_id.encode() + b"\x00" + identity, identity
+    # No legacy identity: versions before this one hashed the request alone, so their
+    # record would match the same id sent to any property (helper-91). A retry of a
+    # decision one of them stored is a 409 instead; the decision is recorded already.
+    return _encoder.encode(event), _SITE_TAG + site_id.encode() + b"\x00" + identity, None

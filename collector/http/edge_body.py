@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from collector.errors import ServiceError
+from collector.ingest.surrogates import without_lone_surrogates
 from collector.ingest.validate import TITLE_MAX, URL_MAX, USER_AGENT_MAX
 
 
@@ -89,6 +90,8 @@ def decode_translated(decoder: msgspec.json.Decoder[T], body: bytes, what: str) 
             details=[{"path": where.rstrip("`") or "$", "message": message}],
         ) from None
     except msgspec.DecodeError:
+        if (repaired := without_lone_surrogates(body)) is not body:  # (a string cut inside an emoji)
+            return decode_translated(decoder, repaired, what)
         raise ServiceError("invalid_json", "body is not valid JSON") from None
     except UnicodeDecodeError:  # (msgspec raises it for bad UTF-8 inside a string)
         raise ServiceError("invalid_json", "body is not valid UTF-8") from None

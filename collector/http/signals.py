@@ -87,7 +87,9 @@ def _strict_query(request: Request) -> dict[str, str]:
     try:
         return dict(parse_qsl(raw.decode("latin-1"), keep_blank_values=True, errors="strict"))
     except UnicodeDecodeError:
-        raise ServiceError("validation_error", "sessionId must be percent-encoded UTF-8") from None
+        raise ServiceError(
+            "validation_error", "the query string must be percent-encoded UTF-8 (sessionId is read from it)"
+        ) from None
 
 
 def _checked_id(name: str, value: str) -> str:

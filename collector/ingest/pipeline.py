@@ -54,6 +54,7 @@ from collector.ingest.schema import (
 from collector.ingest.scrub import scrub_text
 from collector.ingest.sealing import seal_sensitive
 from collector.ingest.shape import refuse_ambiguous_shape
+from collector.ingest.surrogates import without_lone_surrogates
 from collector.ingest.validate import check_event, misspelt_identity_denial, rewrite_platform
 
 MAX_BATCH = 25
@@ -98,6 +99,8 @@ def decode_json(body: bytes, *, out_of_range_numbers: bool = False) -> object:
                 raise ServiceError("invalid_json", f"a number is out of range: {_OUT_OF_RANGE}") from None
             return _lenient_decoder.decode(body)
     except msgspec.DecodeError as exc:
+        if (repaired := without_lone_surrogates(body)) is not body:
+            return decode_json(repaired, out_of_range_numbers=out_of_range_numbers)
         if body.startswith(b"\xef\xbb\xbf"):  # RFC 8259 8.1: senders must not add one
             raise ServiceError("invalid_json", "body starts with a byte order mark (EF BB BF): send the JSON without it") from None
         raise ServiceError("invalid_json", f"body is not valid JSON: {exc}") from None
@@ -355,6 +358,8 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
             "invalid_idempotency_key", f"Idempotency-Key is over {MAX_IDEMPOTENCY_KEY} characters"
         )
     typed = _decode_typed(body)
+    if typed is None and (repaired := without_lone_surrogates(body)) is not body:
+        body, typed = repaired, _decode_typed(repaired)  # (the steps below read the body again)
     decoded: object = None
     if typed is not None and keys_known(body, single=typed[1]):
         # Every key is vouched for: the body is valid JSON as the generic
@@ -452,6 +457,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
             visitor = event.visitorId
             consent_state = state_of(event, eid, ctx.now_ms)
             if consent_state is not None and consent_state.identityResolution is not None:
+                misspelt_denials.discard(visitor)  # a choice spelt right after it decides (helper-91)
                 stated = identity_choices.setdefault(visitor, {})
                 stated.setdefault(eid, len(accepted))  # (an in-batch repeat is the same decision)
         accepted.append(

@@ -98,7 +98,8 @@ _WORD_CLASS.update({
     "kreditkarte": "payment", "kartennummer": "payment", "kaartnummer": "payment",
     "cryptogramme": "payment", "prufnummer": "payment", "sicherheitscode": "payment",
     "beveiligingscode": "payment", "karteninhaber": "payment", "kaarthouder": "payment",
-    "kortnummer": "payment", "korttinumero": "payment",
+    "kortnummer": "payment", "korttinumero": "payment", "kortinnehavare": "payment", "kortholder": "payment",
+    "kortinhaltija": "payment",
     "sakerhetskod": "payment", "sikkerhetskode": "payment", "sikkerhedskode": "payment", "turvakoodi": "payment",
     # government id
     "pasaporte": "government_id", "passeport": "government_id", "passaporte": "government_id",
@@ -181,7 +182,7 @@ _PAIR_CLASS: dict[tuple[str, str], str] = {
     ("vencimiento", "tarjeta"): "payment", ("expiration", "carte"): "payment",
     ("validade", "cartao"): "payment", ("scadenza", "carta"): "payment",
     ("numer", "karty"): "payment", ("waznosci", "karty"): "payment", ("kortin", "numero"): "payment",
-    ("kod", "bezpieczenstwa"): "payment", ("kod", "cvv"): "payment",
+    ("kod", "bezpieczenstwa"): "payment", ("kod", "cvv"): "payment", ("posiadacz", "karty"): "payment",
     ("seguridad", "social"): "government_id", ("seguro", "social"): "government_id",
     ("securite", "sociale"): "government_id", ("numero", "fiscal"): "government_id",
     ("codice", "fiscale"): "government_id", ("carte", "identite"): "government_id",
@@ -248,17 +249,24 @@ _NOT_PAYMENT_CARD_AFTER = frozenset({
     "bibliotheque", "identite", "identita", "identidad", "identidade", "cadeau", "regalo", "presente",
     "grise", "sejour", "residencia", "residenza", "navigo", "jeune", "senior", "famille",
     "fidelidade", "cidadao", "estudante", "saude",
+    # Polish: karta lojalnościowa, podarunkowa, miejska, pacjenta, klienta, studencka, biblioteczna
+    "lojalnosciowej", "podarunkowej", "miejskiej", "pacjenta", "klienta", "studenckiej", "bibliotecznej",
+    "lojalnosciowa", "podarunkowa", "miejska", "studencka", "biblioteczna", "czlonkowskiej",
 })  # fmt: skip
 # Card words of languages that run the kind into the word ("Kundenkartennummer",
 # "klantenkaartnummer"): another kind of card when what comes before names one of
 # these (a payment card's otherwise: "ihre_kartennummer", "Visa_Kartennummer").
-_COMPOUND_CARD_WORDS = ("kartennummer", "kaartnummer", "karteninhaber", "kaarthouder", "karte", "kaart")
+_COMPOUND_CARD_WORDS = ("kartennummer", "kaartnummer", "karteninhaber", "kaarthouder", "karte", "kaart",
+                        "kortnummer", "korttinumero", "kortti", "kort")
 _COMPOUND_OTHER_KINDS = frozenset({
     "kunden", "kunde", "mitglieds", "mitglied", "bonus", "treue", "bahn", "bibliotheks", "studenten",
     "schueler", "schuler", "gesundheits", "versicherten", "personal", "dienst", "jahres", "museums",
     "klanten", "klant", "leden", "lid", "ov", "bibliotheek", "spaar", "zorg", "museum",
     "payback", "krankenkassen", "krankenkasse", "chip", "ovchip", "geschenk", "gutschein", "cadeau",
     "monats", "wochen", "zeit", "netz", "mensa", "park", "parkeer",
+    # Nordic: medlemskort, presentkort, gavekort, bibliotekskort, rejsekort, lahjakortti...
+    "medlems", "medlem", "present", "gave", "biblioteks", "bibliotek", "rejse", "reise", "rese", "buss",
+    "lahja", "jasen", "kanta", "kirjasto", "kund", "student", "studie", "sygesikrings",
 })  # fmt: skip
 # Card words of any of these languages ("codigo_seguridad_tarjeta" is a card's code).
 _CARD_WORDS = frozenset({"card", "tarjeta", "carte", "cartao", "carta", "karte", "kaart", "kreditkarte",

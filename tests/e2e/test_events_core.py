@@ -495,6 +495,25 @@ async def test_a_number_out_of_range_rejects_its_event_not_the_batch(server: Run
     assert [row["eid"] for row in await outbox_dump(server.data_dir)] == ["in-range"]
 
 
+async def test_a_string_cut_inside_an_emoji_is_stored_with_a_replacement_character(server: RunningServer) -> None:
+    # A JavaScript SDK cutting a title at a limit can keep half of a surrogate pair, which
+    # JSON.stringify writes as the escape "\ud83d": the whole batch was refused as
+    # invalid_json ("Input data was truncated").
+    cut = pageview("cut-title", page={"url": "https://acme.com/", "path": "/", "title": "Launch \ud83d"})
+    body = json.dumps({"events": [cut, pageview("beside-it")]}).encode()  # (escapes it as JSON.stringify does)
+    assert b"\\ud83d" in body
+    response = await post(server, None, raw=body)
+    assert (response.status_code, response.json()["accepted"]) == (202, 2), response.text
+    assert (await post(server, None, raw=body)).json()["duplicates"] == 2  # (a retry: the same content)
+    edge = {"_eid": "edge-cut", "visitorId": "v9", "sessionId": "s9", "url": "https://acme.com/", "title": "Sale \ud83d",
+            "userAgent": "Mozilla/5.0 (Windows NT 10.0) Chrome/131.0"}
+    response = await server.client.post("/v1/edge/pageview", content=json.dumps(edge).encode(), headers=H)
+    assert response.status_code == 202, response.text
+    stored = {row["eid"]: row["event"] for row in await outbox_dump(server.data_dir)}
+    assert stored["cut-title"]["page"]["title"] == "Launch \ufffd"
+    assert stored["edge-cut"]["page"]["title"] == "Sale \ufffd"
+
+
 async def test_a_misspelt_identity_denial_still_stops_the_identifies_after_it(server: RunningServer) -> None:
     # helper-87: the transition was refused for its spelling and the identify after it stored.
     denial = pageview("denial", type="_consent_transition", consent={"analytics": True, "identity_resolution": False})
@@ -507,6 +526,12 @@ async def test_a_misspelt_identity_denial_still_stops_the_identifies_after_it(se
     assert [(e["eid"], e["error"], e.get("reason")) for e in body["errors"]] == [
         ("denial", "validation_error", None), ("who", "dropped", "identity_consent_denied")]
     assert [row["eid"] for row in await outbox_dump(server.data_dir)] == ["other-visitor"]
+    # A choice spelt right after it decides, as between two spelt right (helper-91: the
+    # misspelt denial outranked a later grant).
+    grant = {**denial, "_eid": "grant", "consent": {"analytics": True, "identityResolution": True}}
+    response = await post(server, {"events": [{**denial, "_eid": "denial-2"}, grant, {**who, "_eid": "who-2"}]})
+    assert [e["eid"] for e in response.json()["errors"]] == ["denial-2"], response.text
+    assert response.json()["accepted"] == 2
 
 
 async def test_outbox_dump_lines_survive_unicode_line_splitting(server: RunningServer) -> None:

@@ -17,11 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import trio
+import xxhash
 
+from collector.http.consent_body import ConsentBody
+from collector.http.edge_body import content_identities
 from storage import consent as consent_store
+from storage import idempotency
 from tests.conftest import STAMP, RunningServer, pageview, start_server
-from tests.helpers import outbox_dump, read_stored, run_cli
+from tests.helpers import outbox_dump, read_stored, rewrite_stored, run_cli
 
 KEY = "cs_live_privacy00000"
 STRICT = "cs_live_strict000000"
@@ -376,6 +381,10 @@ async def test_consent_route_refuses_misspelt_choices_and_an_empty_id(
     assert [d["path"] for d in response.json()["details"]] == [
         "$.consent.identity_resolution", "$.consent.thirdParty"
     ]
+    # helper-85: of several unknown top-level fields only the first was named
+    extra = {**misspelt, "consent": {"analytics": True}, "visitor_id": "vm", "session": "s"}
+    response = await server.client.post("/v1/consent", json=extra, headers=ACME)
+    assert [d["path"] for d in response.json()["details"]] == ["$.visitor_id", "$.session"], response.text
     empty_id = {"_eid": "", "visitorId": "vm", "consent": {"analytics": True, "identityResolution": False}}
     response = await server.client.post("/v1/consent", json=empty_id, headers=ACME)
     assert (response.status_code, response.json()["error"]) == (400, "validation_error"), response.text
@@ -637,6 +646,19 @@ async def test_a_client_chosen_consent_id_sent_to_another_property_is_a_conflict
         elsewhere = await server.client.post("/v1/consent", json={**decision, **extra}, headers=at_b)
         assert (elsewhere.status_code, elsewhere.json()["error"]) == (409, "idempotency_conflict"), elsewhere.text
     assert len(await stored_events(server)) == 2
+    # A record of the previous version hashed the request alone, without its property: it
+    # matched the same id sent to any property (helper-91). Made so here, it is a 409 there too.
+    old = {**decision, "_eid": "ce-old"}
+    at_a = {"X-API-Key": MULTI, "Origin": "https://a.com"}
+    assert (await server.client.post("/v1/consent", json=old, headers=at_a)).json()["accepted"] == 1
+    key = idempotency.ledger_key("multi", "ce-old")
+    record = idempotency.decode(read_stored(server.data_dir, "idempotency", key) or b"")
+    request_alone = xxhash.xxh3_128_digest(content_identities(msgspec.json.decode(json.dumps(old), type=ConsentBody))[0])
+    earlier = msgspec.msgpack.encode((request_alone, record.receipt_id, record.stored_ms))
+    await trio.to_thread.run_sync(lambda: rewrite_stored(server.data_dir, "idempotency", key, value=earlier))
+    at_b = {**at_a, "Origin": "https://b.com"}
+    elsewhere = await server.client.post("/v1/consent", json=old, headers=at_b)
+    assert (elsewhere.status_code, elsewhere.json()["error"]) == (409, "idempotency_conflict"), elsewhere.text
 
 
 async def test_different_decisions_at_one_timestamp_are_each_recorded_and_the_later_wins(

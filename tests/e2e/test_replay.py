@@ -409,3 +409,10 @@ async def test_a_chunk_consent_keeps_out_is_not_sent_back_for_a_retry_by_storage
     assert (kept_out.status_code, kept_out.json()["dropped"]) == (202, "consent_missing"), kept_out.text
     consented = await send(server, chunk(1, session="gone", consent={"analytics": True}), key=STRICT, headers=origin)
     refused_with(consented, 503, "storage_unavailable")
+
+
+async def test_a_chunk_with_a_string_cut_inside_an_emoji_is_stored(server: RunningServer) -> None:
+    # DOM text cut by the recorder inside a surrogate pair refused the chunk as invalid_json.
+    body = chunk(events=[{"type": 3, "timestamp": STAMP, "data": {"text": "Sale \ud83d"}}])
+    response = await send(server, content=json.dumps(body).encode())
+    assert response.status_code == 202, response.text

@@ -760,7 +760,7 @@ async def test_an_undecodable_visitor_id_is_checked_after_key_gate_and_rate(
                  "account_suspended")
     # so is a sessionId's %FF (helper-87: it became U+FFFD, was echoed and billed)
     odd = await server.client.get("/v1/signals/v1?sessionId=%FF", headers={"X-API-Key": PAID, **PAID_ORIGIN})
-    assert "sessionId must be percent-encoded UTF-8" in assert_error(odd, 400, "validation_error")["message"]
+    assert "must be percent-encoded UTF-8" in assert_error(odd, 400, "validation_error")["message"]
     sent = await server.client.get("/v1/signals/v1?sessionId=%EF%BF%BD", headers={"X-API-Key": PAID, **PAID_ORIGIN})
     assert sent.status_code == 200, sent.text  # (U+FFFD itself, percent-encoded as UTF-8, is an id)
 

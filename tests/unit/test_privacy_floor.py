@@ -282,7 +282,12 @@ def test_the_nearest_compound_selector_that_says_decides(selector: str, checkout
      ("Payback_Kartennummer", False), ("Krankenkassenkartennummer", False), ("ov_chipkaartnummer", False),
      ("Geschenkkartennummer", False), ("numero_cartao_fidelidade", False), ("numero_cartao_cidadao", False),
      ("kortnummer", True), ("numer_karty", True), ("data_ważności_karty", True), ("kortin_numero", True),
-     ("säkerhetskod", False), ("säkerhetskod_kort", True), ("kod_bezpieczeństwa", False), ("kod_cvv", True)],
+     ("säkerhetskod", False), ("säkerhetskod_kort", True), ("kod_bezpieczeństwa", False), ("kod_cvv", True),
+     # helper-91: their other kinds of card, which my first version dropped as checkouts
+     ("medlemskortnummer", False), ("presentkortnummer", False), ("lahjakorttinumero", False),
+     ("rejsekortnummer", False), ("numer_karty_lojalnościowej", False), ("numer_karty_podarunkowej", False),
+     ("numer_karty_miejskiej", False), ("numer_karty_pacjenta", False), ("Visa_kortnummer", True),
+     ("kortinnehavare", True), ("posiadacz_karty", True)],
 )
 def test_a_card_field_makes_a_checkout_unless_it_is_another_kind_of_card(name: str, checkout: bool) -> None:
     from collector.ingest.privacy import Form, apply_form_floor
