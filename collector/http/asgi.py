@@ -25,6 +25,10 @@ JSON_CONTENT_TYPE = (b"content-type", b"application/json")
 REQUEST_ID_MAX = 200  # bytes of a client's X-Request-ID echoed (and logged)
 
 
+REQUEST_ID_KEY = "collector.request_id"  # in the ASGI scope
+PARSER_REFUSAL = "collector.parser_refusal"  # in the ASGI scope: (status, code) h11's refusal was answered with
+
+
 def request_id_for(supplied: str) -> str:
     """The X-Request-ID of a response: the client's (its first 200 bytes), else a minted one."""
     if len(supplied) > REQUEST_ID_MAX:
@@ -80,7 +84,12 @@ class Request:
                 headers[key] = f"{headers[key]}, {text}"
         self.headers = headers
         self._query: dict[str, str] | None = None
-        self.request_id = request_id_for(headers.get("x-request-id", ""))
+        # Kept in the scope: the parser's refusal of this request (parse_errors) answers
+        # with the same id as its access line, when the id was minted.
+        request_id = scope.get(REQUEST_ID_KEY)
+        if request_id is None:
+            request_id = scope[REQUEST_ID_KEY] = request_id_for(headers.get("x-request-id", ""))
+        self.request_id: str = request_id
         client = scope.get("client")
         self.client_ip: str | None = client[0] if client else None
 
@@ -110,7 +119,10 @@ async def read_body(request: Request, receive: Receive, limit: int) -> bytes:
         message = await receive()
         if message["type"] == "http.disconnect":
             client = request.scope.get("client")
-            raise ClientGone(timed_out=client is not None and tuple(client) in CUT_BY_TIMEOUT)
+            raise ClientGone(
+                timed_out=client is not None and tuple(client) in CUT_BY_TIMEOUT,
+                refused=request.scope.get(PARSER_REFUSAL),
+            )
         chunk = message.get("body", b"")
         if chunk:
             size += len(chunk)
@@ -132,9 +144,10 @@ class ClientGone(Exception):
     """The client disconnected before its request body arrived, or the server stopped
     waiting for it (`timed_out`: read_timeout or request_timeout)."""
 
-    def __init__(self, *, timed_out: bool = False) -> None:
+    def __init__(self, *, timed_out: bool = False, refused: tuple[int, str] | None = None) -> None:
         super().__init__()
         self.timed_out = timed_out
+        self.refused = refused  # (status, code) the HTTP parser answered instead (broken body framing)
 
 
 # The (address, port) of the connections whose request the server cut for being too

@@ -67,6 +67,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+import h11
 import trio
 from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol.h2 import H2Protocol
@@ -455,10 +456,17 @@ class Connection(TCPServer):
         # Each read within read_timeout, and the whole request within request_timeout:
         # a body trickled a byte at a time, each within read_timeout, held its
         # connection (and its buffered body) for as long as the client liked.
-        if isinstance(self.protocol.protocol, H2Protocol):
+        protocol = self.protocol.protocol
+        if isinstance(protocol, H2Protocol):
             # HTTP/2 is busy while any of its streams is: its requests overlap, and a
-            # deadline from the first would cut the ones that came later (not bounded here).
-            return per_read
+            # deadline from the first would cut the ones that came later, and a client
+            # waiting for an answer sends nothing (not bounded here: README).
+            return math.inf
+        if protocol.connection.their_state is not h11.SEND_BODY:
+            # The request has all arrived: the server is answering it, and a client
+            # waiting for its answer sends nothing. A slow answer (a busy disk) cut the
+            # connection at read_timeout, its answer unsent and unlogged (helper-90).
+            return math.inf
         return min(per_read, self._request_began + self._request_timeout)
 
     async def _read_data(self) -> None:

@@ -21,14 +21,16 @@ from hypercorn.protocol.h11 import H11Protocol
 
 from collector.errors import ServiceError, render_error
 from collector.http.access_log import log_request
-from collector.http.asgi import Request
+from collector.http.asgi import PARSER_REFUSAL, Request
 
 ACCESS_ROUTE = "http_parser"
 
 
 def _error_for(status: int, head_limit: int) -> ServiceError:
     if status == 431:
-        return ServiceError("request_head_too_large", f"the request head is over {head_limit} bytes")
+        return ServiceError(
+            "request_head_too_large", f"the request head (or a chunk's size line) is over {head_limit} bytes"
+        )
     if status == 501:
         return ServiceError(
             "unsupported_transfer_encoding", "Transfer-Encoding must be chunked (once), or absent"
@@ -58,6 +60,8 @@ def answer_parse_errors(protocol: H11Protocol, *, access_log: bool) -> None:
             (b"connection", b"close"),
             *protocol.config.response_headers("h11"),
         ]
+        if in_request:  # the route, told the client left, logs what was answered instead
+            scope[PARSER_REFUSAL] = (status_code, error.code)
         await protocol._send_h11_event(h11.Response(status_code=status_code, headers=headers))
         await protocol._send_h11_event(h11.Data(data=body))
         await protocol._send_h11_event(h11.EndOfMessage())

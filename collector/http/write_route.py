@@ -235,6 +235,8 @@ def make_write_handler(
             # nginx's 499: the client closed before its answer; 408: the server stopped
             # waiting for a request too slow to arrive (no answer is sent either way)
             status, code = (408, "request_timeout") if gone.timed_out else (499, "client_closed")
+            if gone.refused is not None:  # (its body's framing was broken: the parser answered)
+                status, code = gone.refused
             services.metrics.count_request(route, status)
             if access_log:
                 log_request(request, route, status, code, seen.client_id, started)

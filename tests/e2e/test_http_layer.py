@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -286,6 +288,44 @@ async def test_an_http2_connection_waits_for_its_first_request_like_an_idle_one(
     assert await trio.to_thread.run_sync(_h2_request_after, server.base_url, 2.5) == "200"
 
 
+def _hold_the_write_lock(data_dir: Path, seconds: float) -> subprocess.Popen[str]:
+    """A process holding LMDB's write lock on `data_dir` for `seconds` (started once it holds it)."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import lmdb, sys, time\n"
+         "env = lmdb.open(sys.argv[1], max_dbs=64)\ntxn = env.begin(write=True)\nprint('held', flush=True)\n"
+         f"time.sleep({seconds})", str(data_dir)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    return holder
+
+
+async def test_an_answer_slower_than_the_read_timeout_is_sent_and_the_connection_kept(
+    nursery: trio.Nursery, tmp_path: Path, access_lines: Callable[[], list[dict[str, Any]]]
+) -> None:
+    # helper-90: read_timeout ran while the server was answering a request that had all
+    # arrived (the client sends nothing then): a commit slower than it cut the
+    # connection, and past read_timeout + request_timeout the event was stored unanswered.
+    server = await start_server(nursery, tmp_path, read_timeout=1, request_timeout=2, access_log=True)
+    holder = await trio.to_thread.run_sync(_hold_the_write_lock, server.data_dir, 3.5)
+    try:
+        body = json.dumps(pageview("slow-commit")).encode()
+        async with await _open(server) as stream:
+            await stream.send_all(EVENTS_HEAD_1000.replace(b"Content-Length: 1000", b"Content-Length: %d" % len(body))
+                                  .replace(b"Host: x\r\n", b"Host: x\r\nX-Request-ID: slow-1\r\n") + body)
+            with trio.fail_after(10):
+                answer = b""
+                while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+                    answer += await stream.receive_some()
+            assert answer.startswith(b"HTTP/1.1 202"), answer[:300]
+            await _served(stream)  # the same connection, after 3.5 s of waiting
+    finally:
+        await trio.to_thread.run_sync(lambda: holder.wait(timeout=10))
+    assert [row["eid"] for row in await outbox_dump(server.data_dir)] == ["slow-commit"]
+    assert [(line["requestId"], line["status"]) for line in access_lines() if line["route"] == "/v1/events"] == [
+        ("slow-1", 202)]
+
+
 async def test_a_client_that_reads_nothing_is_cut_off_at_the_request_timeout(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
@@ -398,6 +438,23 @@ async def test_the_http_parsers_refusals_carry_the_error_body_an_id_and_an_acces
         answer = await _read_until_closed(stream)
     assert answer.startswith(b"HTTP/1.1 400") and b"\r\nx-request-id: broken-1\r\n" in answer, answer[:300]
     assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"] == "bad_request"
+    # The route's access line says what was answered, under the id answered (helper-90: it
+    # said 499 client_closed, and a minted id differed from the one the client got).
+    async with await _open(server) as stream:
+        await stream.send_all(
+            b"POST /v1/events HTTP/1.1\r\nHost: x\r\nX-API-Key: " + BROWSER_KEY.encode()
+            + b"\r\nOrigin: https://acme.com\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n%x\r\n" % len(events) + events + b"\r\nnot-a-size\r\n\r\n"
+        )
+        minted = (await _read_until_closed(stream)).partition(b"\r\nx-request-id: ")[2].partition(b"\r\n")[0]
+    routed: list[tuple[int, str, str]] = []
+    for _ in range(50):  # (the route writes its line once it hears of the close: wait for it)
+        routed += [(line["status"], line["error"], line["requestId"])
+                   for line in access_lines() if line["route"] == "/v1/events"]
+        if len(routed) >= 2:
+            break
+        await trio.sleep(0.1)
+    assert routed == [(400, "bad_request", "broken-1"), (400, "bad_request", minted.decode())], routed
     assert not [event for event in await outbox_dump(server.data_dir) if event.get("eid") == "e-broken-chunks"]
 
 
