@@ -454,6 +454,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
 def cmd_restore(args: argparse.Namespace) -> int:
     from collector.fieldkeys import DEFAULT_NAME, key_file_path
     from storage.backup import restore
+    from storage.datadir import keep_directory_owner
 
     settings = _settings_from(args)
     # Compared as real paths: /var/lib/collector is a symlink under DynamicUser,
@@ -466,7 +467,10 @@ def cmd_restore(args: argparse.Namespace) -> int:
     # otherwise delete it with the old directory; one elsewhere stays put.
     inside = key_file.relative_to(data_dir).as_posix() if key_file.is_relative_to(data_dir) else None
     carry = ((DEFAULT_NAME, inside),) if inside else ()
+    owner = data_dir.stat() if data_dir.exists() else None
     manifest, node_id = restore(Path(args.src), data_dir, force=args.force, carry_files=carry)
+    if owner is not None:  # (root restoring the service's directory: it stays the service's; helper-92)
+        keep_directory_owner(data_dir, owner, with_directory=True)
     # The manifest's nodeId is the backed-up node's; the restored directory has its own.
     print(_json.encode({**msgspec.to_builtins(manifest), "restoredNodeId": node_id}).decode())
     if inside and not key_file.is_file():

@@ -129,6 +129,7 @@ def serving_sealer(storage: Storage, path: Path) -> FieldSealer:
     rotate-field-key` sealed with a key id the directory had not recorded, and
     an older copy of the file then passed the lost-key check (helper-89).
     """
+    refuse_a_lost_key_file(storage, path)  # (a restarted worker made a fresh k1: helper-92)
     sealer = load_or_create(path)
     record_key_ids(storage, list(_read(path).keys))
     return sealer

@@ -305,7 +305,9 @@ class _Checker:
                 self.problem(f"cursor {name} is at seq {seq}, past the outbox head {head}")
 
 
-_DAMAGED_PAGE = (lmdb.CorruptedError, lmdb.PageNotFoundError)
+# (BadTxnError: a fresh transaction on an environment whose damage LMDB met at once)
+_DAMAGED_PAGE = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.BadTxnError)
+_PASS_RECORDS = {"usage": "key and counter", "cursors": "consumer cursor"}  # (the others are named so)
 
 
 def check(storage: Storage, *, max_problems: int = 100) -> CheckReport:
@@ -325,7 +327,8 @@ def check(storage: Storage, *, max_problems: int = 100) -> CheckReport:
                 # records, and the others are still checked (helper-89: no report at
                 # all), in a transaction of their own (LMDB fails every later read of
                 # the one that met the damage).
-                checker.problem(f"the {part.__name__} records are damaged: {exc} (what lies past it was not read)")
+                records = _PASS_RECORDS.get(part.__name__, part.__name__)
+                checker.problem(f"the {records} records are damaged: {exc} (what lies past it was not read)")
                 checker.txn = transactions.enter_context(storage.read())
     try:
         for problem in verify_chain(storage):

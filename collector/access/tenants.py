@@ -230,7 +230,7 @@ def _check_entry(record: KeyRecord, index: int) -> None:
             raise TenantsFileError(f"invalid tenants file: siteId {site_id!r} twice in one key - at {where}.sites[{n}]")
     if record.rateLimit is not None and record.rateLimit > MAX_RATE_LIMIT:
         raise TenantsFileError(
-            f"invalid tenants file: rateLimit {record.rateLimit:g} is over {MAX_RATE_LIMIT:,} requests/s"
+            f"invalid tenants file: rateLimit {record.rateLimit:,} is over {MAX_RATE_LIMIT:,} requests/s"
             f" - at {where}.rateLimit"
         )
     if record.createdAt and not _is_iso_timestamp(record.createdAt):
@@ -243,12 +243,18 @@ def _check_entry(record: KeyRecord, index: int) -> None:
 MAX_RATE_LIMIT = 1_000_000_000  # requests/s: past any node; 1e308 made bucket arithmetic inf
 
 
+_TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d+)?)?([Zz]|[+-]\d{2}(:?\d{2})?)?")
+
+
 def _is_iso_timestamp(text: str) -> bool:
+    """An ISO 8601 (RFC 3339) date and time: a bare date, a week date or a space are not."""
+    if not _TIMESTAMP.fullmatch(text):
+        return False
     try:
-        datetime.datetime.fromisoformat(text)
+        datetime.datetime.fromisoformat(text.replace("z", "Z"))
     except ValueError:
         return False
-    return text[:4].isdigit()
+    return True
 
 
 def encode_record(record: KeyRecord) -> bytes:

@@ -150,6 +150,9 @@ def test_cli_tenants_import_list_and_errors(tmp_path: Path) -> None:
                          ("twice.json", {"key": "cs_live_new0000000", "clientId": "n", "CLIENTID": "m"}),
                          # helper-89: spec 2.1's ISO 8601 createdAt, one siteId per key, a rate a node can hold
                          ("created.json", {"key": "cs_live_new0000000", "clientId": "n", "createdAt": "yesterday"}),
+                         ("date.json", {"key": "cs_live_new0000000", "clientId": "n", "createdAt": "2026-11-01"}),
+                         ("spaced-time.json", {"key": "cs_live_new0000000", "clientId": "n",
+                                               "createdAt": "2026-11-01 00:00:00Z"}),
                          ("sites.json", {"key": "cs_live_new0000000", "clientId": "n",
                                          "sites": [{"siteId": "w", "domains": ["a.com"]}, {"siteId": "w"}]}),
                          ("rate.json", {"key": "cs_live_new0000000", "clientId": "n", "rateLimit": 1e308})):
@@ -163,7 +166,8 @@ def test_cli_tenants_import_list_and_errors(tmp_path: Path) -> None:
     # An editor's byte order mark is read past (it was "invalid character (byte 0)").
     lenient = tmp_path / "lenient.json"
     lenient.write_text("\ufeff" + json.dumps({"keys": [
-        {"key": "cs_live_lenient00", "clientId": "l", "billingAccount": "", "plan": ""},
+        {"key": "cs_live_lenient00", "clientId": "l", "billingAccount": "", "plan": "",
+         "createdAt": "2026-11-01T00:00:00z"},
         {"key": "cs_mob_lenient00", "clientId": "l", "keyType": "mobile", "sites": [{"siteId": "a", "domains": ["l.com"]}]},
     ]}))
     assert run_cli("tenants", "import", str(lenient), data_dir=data_dir).returncode == 0
@@ -247,6 +251,12 @@ def test_a_command_run_by_root_leaves_the_environment_files_the_service_users(tm
     run_cli("check", data_dir=data_dir)
     assert {(path.name, path.stat().st_uid) for path in data_dir.glob("*.mdb")} == {
         ("data.mdb", service_user), ("lock.mdb", service_user)}
+    # A restore as root replaced the whole directory with a root-owned one (helper-92).
+    run_cli("backup", str(tmp_path / "bk"), data_dir=data_dir)
+    run_cli("restore", str(tmp_path / "bk"), "--force", data_dir=data_dir)
+    assert {(path.name, path.stat().st_uid) for path in (data_dir, *data_dir.iterdir())} >= {
+        ("data", service_user), ("data.mdb", service_user)}
+    assert all(path.stat().st_uid == service_user for path in (data_dir, *data_dir.iterdir()))
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another user")

@@ -354,3 +354,25 @@ def test_sigterm_while_the_workers_start_stops_at_once(tmp_path: Path) -> None:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_restarted_worker_refuses_a_lost_key_file_as_a_start_does(tmp_path: Path) -> None:
+    # helper-92: a worker the parent restarted ran load_or_create without the lost-key
+    # check: with the key file moved away it made a fresh k1, and values sealed with the
+    # old k1 (or with the new one, once the right file was back) could not be revealed.
+    server = Workers(tmp_path, 2)
+    key_file = server.data_dir / "field-keys.json"
+    try:
+        assert key_file.exists()
+        key_file.rename(tmp_path / "kept-keys.json")
+        os.kill(server.children()[0], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and "lacks key\n" not in server.log.read_text() \
+                and "is missing, but" not in server.log.read_text():
+            time.sleep(0.2)
+        assert "is missing, but this data directory's values were sealed with key k1" in server.log.read_text()
+        assert not key_file.exists(), "a restarted worker made a fresh key file"
+    finally:
+        (tmp_path / "kept-keys.json").rename(key_file)
+        server.proc.send_signal(signal.SIGTERM)
+        server.proc.wait(timeout=20)
