@@ -470,7 +470,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     owner = data_dir.stat() if data_dir.exists() else None
     manifest, node_id = restore(Path(args.src), data_dir, force=args.force, carry_files=carry)
     if owner is not None:  # (root restoring the service's directory: it stays the service's; helper-92)
-        keep_directory_owner(data_dir, owner, with_directory=True)
+        keep_directory_owner(data_dir, owner, with_directory=True, also=(inside,) if inside else ())
     # The manifest's nodeId is the backed-up node's; the restored directory has its own.
     print(_json.encode({**msgspec.to_builtins(manifest), "restoredNodeId": node_id}).decode())
     if inside and not key_file.is_file():

@@ -123,24 +123,23 @@ def load_or_create(path: Path) -> FieldSealer:
 
 
 def serving_sealer(storage: Storage, path: Path) -> FieldSealer:
-    """load_or_create, for a process about to seal, recording the file's key ids first.
+    """The sealer of a process about to seal: refuse a missing key file, or one lacking
+    a key, where values were sealed; create it on a first start; record its key ids.
 
     Every worker reads the file when it starts: one restarted after a `keys
     rotate-field-key` sealed with a key id the directory had not recorded, and
-    an older copy of the file then passed the lost-key check (helper-89).
+    an older copy of the file then passed the lost-key check (helper-89); with
+    the check skipped, one restarted without the file made a fresh k1 (helper-92).
     """
-    refuse_a_lost_key_file(storage, path)  # (a restarted worker made a fresh k1: helper-92)
-    sealer = load_or_create(path)
-    record_key_ids(storage, list(_read(path).keys))
+    refuse_a_lost_key_file(storage, path)
+    sealer = load_or_create(path)  # (KeyFileError for a file that is not valid)
+    record_key_ids(storage, sealer.key_ids)
     return sealer
 
 
 def settle_key_file(storage: Storage, path: Path) -> None:
-    """At start, once: create the key file on a first start, refuse a missing one, or one
-    lacking a key, where values were sealed; check the file, and record its key ids."""
-    refuse_a_lost_key_file(storage, path)
-    load_or_create(path)  # (KeyFileError for a file that is not valid)
-    record_key_ids(storage, list(_read(path).keys))
+    """At start, once, before any worker: serving_sealer's checks and records."""
+    serving_sealer(storage, path)
 
 
 def refuse_a_lost_key_file(storage: Storage, path: Path) -> None:

@@ -39,15 +39,18 @@ DB_NAMES = frozenset(_DB_NAMES)
 MIN_FREE_TO_CREATE = 4 * 1024 * 1024
 
 
-def keep_directory_owner(path: Path, owner: os.stat_result | None = None, *, with_directory: bool = False) -> None:
+def keep_directory_owner(
+    path: Path, owner: os.stat_result | None = None, *, with_directory: bool = False, also: tuple[str, ...] = ()
+) -> None:
     """Give the environment's files the data directory's owner (or `owner`'s) when root made them.
 
     An operator command run as root (the README allows it) created a root-owned
     0600 `lock.mdb` (or `data.mdb`) in the service's directory, which the service
     then could not open: its next start was refused (helper-89); a restore as root
     replaced the whole directory with a root-owned one (helper-92: `with_directory`,
-    and the key file beside the data too). Best effort: root without CAP_CHOWN
-    leaves them, as the service's own user never needs this.
+    and `also`, paths under it such as the key file carried across, with the
+    directories between). Best effort: root without CAP_CHOWN leaves them, as the
+    service's own user never needs this.
     """
     if os.geteuid() != 0:
         return
@@ -57,7 +60,8 @@ def keep_directory_owner(path: Path, owner: os.stat_result | None = None, *, wit
             os.chown(path, owner.st_uid, owner.st_gid)
     except OSError:
         return
-    for name in ("data.mdb", "lock.mdb", *(("field-keys.json",) if with_directory else ())):
+    between = {str(parent) for name in also for parent in Path(name).parents if str(parent) != "."}
+    for name in ("data.mdb", "lock.mdb", *sorted(between), *also):
         file = path / name
         try:
             if file.stat().st_uid != owner.st_uid:

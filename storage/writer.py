@@ -59,8 +59,8 @@ class WriteContext:
         # This group's outbox appends, for the writer's in-transaction consumer
         # (None: there is none, so jobs need not collect them).
         self.appended: list[Appended] | None = [] if feeding else None
-        # Set by a job that stored something new outside the outbox (a replay chunk):
-        # such a commit, too, proves the directory writable again.
+        # Set by a job that stored something new outside the outbox (a replay chunk,
+        # the readiness probe): such a commit, too, proves the directory writable again.
         self.stored_elsewhere = False
 
     def allocate_seqs(self, count: int) -> int:
@@ -344,9 +344,7 @@ class GroupCommitWriter:
                     log.exception("in-transaction consumer failed; the group commits without it")
             # Only a commit that stored something proves the directory writable
             # again: one of duplicates only, or of deletions, writes no new page.
-            self._proved_writable = ctx.next_seq != first_seq or ctx.stored_elsewhere or any(
-                getattr(ticket.job, "proves_writable", False) and ticket.error is None for ticket in pending
-            )
+            self._proved_writable = ctx.next_seq != first_seq or ctx.stored_elsewhere
             if ctx.next_seq != first_seq:
                 txn.put(NEXT_SEQ, ctx.next_seq.to_bytes(8, "big"), db=self.storage.dbs.meta)
             # Checked again once the jobs have written: one group (a 1 MB replay chunk,

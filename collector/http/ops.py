@@ -147,11 +147,11 @@ class _ProbeWrite:
     """
 
     solo = True
-    proves_writable = True
 
     def run(self, ctx: WriteContext) -> None:
         for key in _PROBE_KEYS:
             ctx.txn.put(key, _PROBE_VALUE, db=ctx.dbs.meta)
+        ctx.stored_elsewhere = True  # (a commit that stored something: the writer is healthy again)
 
 
 class _ProbeCleanup:

@@ -56,6 +56,10 @@ class FieldSealer:
         self.active = active
         self._ciphers = {key_id: AESGCM(key) for key_id, key in keys.items()}
 
+    @property
+    def key_ids(self) -> list[str]:
+        return list(self._ciphers)
+
     def seal(self, plaintext: str, aad: bytes) -> str:
         nonce = os.urandom(NONCE_BYTES)
         sealed = self._ciphers[self.active].encrypt(nonce, plaintext.encode(), aad)
