@@ -48,6 +48,7 @@ from collector.http.replay import make_replay_handler
 from collector.http.router import Router
 from collector.http.signals import PREFIX as SIGNALS_PREFIX
 from collector.http.signals import make_signals_handler
+from collector.http.unrouted import UnroutedAnswers
 from collector.ingest.bots import BotClassifier
 from collector.limits.buckets import RateLimiter
 from collector.limits.usage import billing_period
@@ -424,7 +425,9 @@ async def _serve_http(
     is refused by Drain before it can commit). graceful_timeout bounds the
     whole drain.
     """
-    drain = Drain(CloseAmbiguouslyFramed(app), access_log=app.services.settings.access_log)
+    services = app.services
+    unrouted = UnroutedAnswers(services.metrics, services.settings.access_log)
+    drain = Drain(CloseAmbiguouslyFramed(app), unrouted=unrouted)
     asgi = wrap_app(drain, config.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]
     config.set_statsd_logger_class(StatsdLogger)
     state: LifespanState = {}
@@ -440,20 +443,18 @@ async def _serve_http(
             listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
             binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
         sends = OpenSends()
-        services = app.services
         connection = services.connection_limits = ConnectionLimits(
             ConnectionGuard(
                 partial(
                     Connection, asgi, config, context, ConnectionState(state.copy()),
-                    sends=sends, request_timeout=services.settings.request_timeout,
-                    access_log=services.settings.access_log,
+                    sends=sends, request_timeout=services.settings.request_timeout, unrouted=unrouted,
                 ),
                 partial(services.metrics.count_labelled, "collector_connection_failures"),
             ),
             **_connection_caps(services.settings),
             trusted=services.proxies.trusted,
             refused=partial(services.metrics.count_labelled, "collector_connections_refused"),
-            access_log=services.settings.access_log,
+            unrouted=unrouted,
         )
         async with trio.open_nursery() as deadline_watch:
             async with trio.open_nursery() as connections:

@@ -75,10 +75,10 @@ from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 
 from collector.errors import ServiceError, render_error
-from collector.http.access_log import log_request
-from collector.http.asgi import CUT_BY_TIMEOUT, Request, request_id_for
+from collector.http.asgi import CUT_BY_TIMEOUT, request_id_for
 from collector.http.headers import cors_headers
 from collector.http.parse_errors import answer_parse_errors
+from collector.http.unrouted import UNRECORDED, UnroutedAnswers, stand_in_request
 
 log = logging.getLogger("collector.http")
 
@@ -152,10 +152,10 @@ class ConnectionLimits:
         per_client: int,
         trusted: Callable[[str], bool],
         refused: Callable[[str], None],
-        access_log: bool = False,
+        unrouted: UnroutedAnswers = UNRECORDED,
     ) -> None:
         self._handler = handler
-        self._access_log = access_log
+        self._unrouted = unrouted
         self.total, self.per_client = total, per_client
         self._trusted = trusted
         self._refused = refused
@@ -213,11 +213,10 @@ class ConnectionLimits:
         head = "HTTP/1.1 503 Service Unavailable\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n"
         with trio.move_on_after(REFUSE_WRITE_S), contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             await stream.send_all(head.encode("latin-1") + body)
-        if self._access_log:  # one line per request, as for every other answer
-            method, _, rest = sent.partition(b"\r\n")[0].decode("latin-1").partition(" ")
-            scope = {"method": method or "-", "path": rest.partition(" ")[0] or "-",
-                     "headers": [(b"x-request-id", dict(headers)["x-request-id"].encode("latin-1"))]}
-            log_request(Request(scope), "connection_cap", 503, "service_unavailable", None, started)
+        # counted and logged once per request, as every other answer
+        method, _, rest = sent.partition(b"\r\n")[0].decode("latin-1").partition(" ")
+        request = stand_in_request(method, rest.partition(" ")[0], dict(headers)["x-request-id"])
+        self._unrouted.record(request, "connection_cap", 503, "service_unavailable", started)
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             await trio.aclose_forcefully(stream)
 
@@ -347,14 +346,14 @@ class Connection(TCPServer):
         *args: Any,
         sends: OpenSends | None = None,
         request_timeout: float = math.inf,
-        access_log: bool = False,
+        unrouted: UnroutedAnswers = UNRECORDED,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.idle_task = self._idle_watch = IdleWatch(self)  # type: ignore[assignment]
         self._sends = sends if sends is not None else OpenSends()
         self._request_timeout = request_timeout
-        self._access_log = access_log
+        self._unrouted = unrouted
 
     async def protocol_send(self, event: Event) -> None:
         if isinstance(event, RawData):
@@ -472,7 +471,7 @@ class Connection(TCPServer):
     async def _read_data(self) -> None:
         # (the protocol exists from here; an HTTP/2 one, taken over later, answers its own way)
         if isinstance(self.protocol.protocol, H11Protocol):
-            answer_parse_errors(self.protocol.protocol, access_log=self._access_log)
+            answer_parse_errors(self.protocol.protocol, self._unrouted)
         while True:
             with trio.CancelScope(deadline=self._read_deadline()) as scope:
                 self._read_scope = scope

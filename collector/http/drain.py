@@ -19,15 +19,15 @@ from typing import Any
 import trio
 
 from collector.errors import ServiceError, render_error
-from collector.http.access_log import log_request
 from collector.http.asgi import Receive, Request, Scope, Send, closing_connection, send_response
 from collector.http.headers import cors_headers
+from collector.http.unrouted import UNRECORDED, UnroutedAnswers
 
 
 class Drain:
-    def __init__(self, app: Any, *, access_log: bool = False) -> None:
+    def __init__(self, app: Any, *, unrouted: UnroutedAnswers = UNRECORDED) -> None:
         self.app = app
-        self.access_log = access_log
+        self.unrouted = unrouted
         self.draining = False
         self.closing = False
         self.in_flight = 0
@@ -63,8 +63,8 @@ class Drain:
             headers = [*error.response_headers().items(), ("Connection", "close"),
                        ("X-Request-ID", request.request_id), *cors_headers(request.headers.get("origin"))]
             await send_response(send, error.status, render_error(error), headers)
-            if self.access_log:  # the refusal is one of the requests the operator counts
-                log_request(request, "shutdown", error.status, error.code, None, started)
+            # the refusal is one of the requests the operator counts
+            self.unrouted.record(request, "shutdown", error.status, error.code, started)
             return
         self.in_flight += 1
         self.last_start = trio.current_time()

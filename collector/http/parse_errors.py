@@ -8,7 +8,8 @@ status: no body, no X-Request-ID, no access line. An SDK branching on the
 error field, and an operator looking for the request in the log, found
 nothing. Here they get the error body (section 2.7), an X-Request-ID (the
 client's when a request head was read, else a minted one) and, for a request
-no route saw, an access line with route `http_parser`.
+no route saw, an access line and a count in `collector_requests_total`
+with route `http_parser`.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import h11
 from hypercorn.protocol.h11 import H11Protocol
 
 from collector.errors import ServiceError, render_error
-from collector.http.access_log import log_request
 from collector.http.asgi import PARSER_REFUSAL, Request
+from collector.http.unrouted import UnroutedAnswers, stand_in_request
 
 ACCESS_ROUTE = "http_parser"
 
@@ -42,15 +43,15 @@ def _error_for(status: int, head_limit: int) -> ServiceError:
     )
 
 
-def answer_parse_errors(protocol: H11Protocol, *, access_log: bool) -> None:
+def answer_parse_errors(protocol: H11Protocol, unrouted: UnroutedAnswers) -> None:
     """Make `protocol` (one connection's) answer its parser's refusals in the error format."""
 
     async def send_error_response(status_code: int) -> None:
         started = time.perf_counter()
         stream = protocol.stream
         in_request = stream is not None and hasattr(stream, "scope")
-        scope: Any = stream.scope if in_request else {"method": "-", "path": "-", "headers": []}  # type: ignore[union-attr]
-        request = Request(scope)
+        scope: Any = stream.scope if in_request else None  # type: ignore[union-attr]
+        request = Request(scope) if in_request else stand_in_request("-", "-", "")
         error = _error_for(status_code, protocol.config.h11_max_incomplete_size)
         body = render_error(error)
         headers: list[tuple[bytes, Any]] = [
@@ -65,8 +66,8 @@ def answer_parse_errors(protocol: H11Protocol, *, access_log: bool) -> None:
         await protocol._send_h11_event(h11.Response(status_code=status_code, headers=headers))
         await protocol._send_h11_event(h11.Data(data=body))
         await protocol._send_h11_event(h11.EndOfMessage())
-        # A request a route already saw writes its own line when its handler ends.
-        if access_log and not in_request:
-            log_request(request, ACCESS_ROUTE, status_code, error.code, None, started)
+        # A request a route already saw is counted and logged when its handler ends.
+        if not in_request:
+            unrouted.record(request, ACCESS_ROUTE, status_code, error.code, started)
 
     protocol._send_error_response = send_error_response  # type: ignore[method-assign]

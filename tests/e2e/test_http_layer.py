@@ -403,6 +403,7 @@ async def test_connections_over_a_cap_are_told_503_at_once(
     assert 'collector_connections_refused_total{cap="per_client"} 1.0' in metrics
     refused = [line for line in access_lines() if line["route"] == "connection_cap"]
     assert [(line["status"], line["method"], line["requestId"]) for line in refused] == [(503, "GET", "mine-1")]
+    assert 'collector_requests_total{route="connection_cap",status="503"} 1.0' in metrics
     assert "collector_connections_max 6.0" in metrics
 
 
@@ -427,6 +428,9 @@ async def test_the_http_parsers_refusals_carry_the_error_body_an_id_and_an_acces
         assert json.loads(body)["error"] == code
     parser_lines = [line for line in access_lines() if line["route"] == "http_parser"]
     assert [(line["status"], line["error"]) for line in parser_lines] == list(sent.values())
+    metrics = (await server.client.get("/metrics")).text  # counted as every request answered
+    assert 'collector_requests_total{route="http_parser",status="400"} 2.0' in metrics
+    assert 'collector_requests_total{route="http_parser",status="431"} 1.0' in metrics
     # A body whose chunked framing breaks mid-request: its X-Request-ID echoed, nothing stored.
     events = json.dumps([pageview("e-broken-chunks")]).encode()
     async with await _open(server) as stream:

@@ -11,7 +11,9 @@ import pytest
 from collector.http import access_log
 from collector.http.asgi import Request
 from collector.http.drain import Drain
+from collector.http.unrouted import UnroutedAnswers
 from collector.log_sink import stderr_sink
+from collector.metrics import Metrics
 
 
 def _logged_id(header: bytes, capfd: pytest.CaptureFixture[str]) -> str:
@@ -57,7 +59,8 @@ async def test_a_request_refused_as_the_server_closes_is_logged(
     async def receive() -> dict[str, object]:
         return {"type": "http.request", "body": b"", "more_body": False}
 
-    drain = Drain(app, access_log=True)
+    metrics = Metrics()
+    drain = Drain(app, unrouted=UnroutedAnswers(metrics, access_log=True))
     drain.start_draining()
     drain.closing = True
     scope = {"type": "http", "method": "POST", "path": "/v1/events",
@@ -75,3 +78,5 @@ async def test_a_request_refused_as_the_server_closes_is_logged(
     # readable by the browser script that sent it (helper-56)
     assert headers[b"access-control-allow-origin"] == b"https://acme.com"
     assert b"Retry-After" in headers[b"access-control-expose-headers"]
+    # and counted, as every request answered (it was logged only)
+    assert b'collector_requests_total{route="shutdown",status="503"} 1.0' in metrics.render()
