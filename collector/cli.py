@@ -654,6 +654,9 @@ def _stop_operator_command(signum: int, _frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from collector.runtime import hold_standard_descriptors
+
+    hold_standard_descriptors()  # before anything opens a file
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

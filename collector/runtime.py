@@ -31,6 +31,25 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+def hold_standard_descriptors() -> None:
+    """Put /dev/null on fd 0, 1 or 2 when the process started with it closed.
+
+    Otherwise the next file opened takes the number: a service started with
+    `2>&-` held data.mdb as fd 2, where the log sink, faulthandler and LMDB's
+    own assertion messages write (into the file, were it opened for writing).
+    Python has already set sys.stdout/sys.stderr to None for a closed one, so a
+    command still knows its stdout was closed.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            held = os.open(os.devnull, os.O_RDWR)
+            if held != fd:  # (the lowest free number: fd itself, unless an earlier one was free too)
+                os.dup2(held, fd)
+                os.close(held)
+
+
 def report_fatal_signals() -> None:
     """Name a fatal signal on stderr with the Python stack, when there is a stderr.
 

@@ -780,3 +780,32 @@ def test_a_closed_or_full_stdout_is_told_apart_from_the_commands_own_errors(tmp_
     finally:
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(timeout=15) == 0
+
+
+def test_a_service_started_with_stdout_and_stderr_closed_keeps_its_files_off_fd_1_and_2(tmp_path: Path) -> None:
+    # With `2>&-` the next file opened took fd 2: data.mdb, where log lines, faulthandler
+    # and LMDB's assertion messages write.
+    data_dir = tmp_path / "data"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "collector", "serve", "--bind", f"127.0.0.1:{port}", "--data-dir", str(data_dir),
+         "--env", "development", "--demo"],
+        stdin=subprocess.DEVNULL, preexec_fn=lambda: (os.close(1), os.close(2)))
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and serve.poll() is None, "the service did not start"
+            time.sleep(0.1)
+        for fd in (1, 2):
+            assert os.readlink(f"/proc/{serve.pid}/fd/{fd}") == os.devnull
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=15) == 0
+    assert run_cli("check", data_dir=data_dir).returncode == 0
