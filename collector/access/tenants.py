@@ -50,7 +50,8 @@ class KeyRecord(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     clientId: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
     name: str = ""
     plan: str = "free"
-    rateLimit: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    # as written (5000 lists as 5000, not 5000.0)
+    rateLimit: Annotated[int, msgspec.Meta(gt=0)] | Annotated[float, msgspec.Meta(gt=0)] | None = None
     createdAt: str = ""
     keyType: KeyType | None = None  # absent means browser
     permissions: list[str] = []

@@ -115,6 +115,7 @@ def test_cli_tenants_import_list_and_errors(tmp_path: Path) -> None:
     assert result.stdout.count("\n") == 6
     listed = [json.loads(line) for line in run_cli("tenants", "list", data_dir=data_dir).stdout.splitlines()]
     assert {r["key"] for r in listed} >= {BROWSER_KEY}
+    assert '"rateLimit":5000,' in run_cli("tenants", "list", data_dir=data_dir).stdout  # as written, not 5000.0
 
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"keys": [{"key": "cs_live_new0000000", "clientId": "n", "colour": "red"}]}))
