@@ -225,6 +225,11 @@ def _check_entry(record: KeyRecord, index: int) -> None:
     for at, name in names:
         if name and not _NAME_TEXT.fullmatch(name):  # ("" billingAccount means the clientId)
             raise TenantsFileError(f"invalid tenants file: a NUL character in {name!r} - at {at}")
+        if name and len(name.encode()) > MAX_NAME_BYTES:
+            raise TenantsFileError(
+                f"invalid tenants file: {at.rpartition('.')[2]} is {len(name.encode())} bytes in UTF-8,"
+                f" over {MAX_NAME_BYTES} - at {at}"
+            )
     site_ids = [site.siteId for site in record.sites]
     for n, site_id in enumerate(site_ids):
         if site_id in site_ids[:n]:  # (the second was unreachable: the first matched its domains)
@@ -240,6 +245,11 @@ def _check_entry(record: KeyRecord, index: int) -> None:
             f" (2026-11-01T00:00:00Z) - at {where}.createdAt"
         )
 
+
+# Storage keys start with the clientId and siteId (counters with the billing account)
+# and LMDB holds at most 511 bytes a key: 200 + 200 leave room for a digested id.
+# An account of 600 bytes imported, then failed every ingest with a retryable 503.
+MAX_NAME_BYTES = 200
 
 MAX_RATE_LIMIT = 1_000_000_000  # requests/s: past any node; 1e308 made bucket arithmetic inf
 

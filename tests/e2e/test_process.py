@@ -156,7 +156,12 @@ def test_cli_tenants_import_list_and_errors(tmp_path: Path) -> None:
                                                "createdAt": "2026-11-01 00:00:00Z"}),
                          ("sites.json", {"key": "cs_live_new0000000", "clientId": "n",
                                          "sites": [{"siteId": "w", "domains": ["a.com"]}, {"siteId": "w"}]}),
-                         ("rate.json", {"key": "cs_live_new0000000", "clientId": "n", "rateLimit": 1e308})):
+                         ("rate.json", {"key": "cs_live_new0000000", "clientId": "n", "rateLimit": 1e308}),
+                         # helper-95: ids LMDB's 511-byte keys cannot start with (every ingest was a 503)
+                         ("account.json", {"key": "cs_live_new0000000", "clientId": "n", "billingAccount": "a" * 600}),
+                         ("client.json", {"key": "cs_live_new0000000", "clientId": "\U0001F600" * 128}),
+                         ("site.json", {"key": "cs_live_new0000000", "clientId": "n",
+                                        "sites": [{"siteId": "\u00e9" * 101, "domains": ["a.com"]}]})):
         path = tmp_path / name
         path.write_text(json.dumps({"keys": [record]}).replace('"CLIENTID"', '"clientId"'))
         result = run_cli("tenants", "import", str(path), data_dir=data_dir, check=False)
