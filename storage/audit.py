@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 
+import lmdb
 import msgspec
 
 from storage.env import Storage
@@ -45,7 +46,8 @@ def append_entry(
     storage: Storage, *, at_ms: int, who: str, action: str, receipt_id: str, fields: list[str], reason: str
 ) -> AuditEntry:
     """Append one entry in its own durable transaction; returns it with its hash."""
-    with mapped_lmdb_errors(), storage.env.begin(write=True) as txn:
+
+    def append(txn: lmdb.Transaction) -> AuditEntry:
         cursor = txn.cursor(db=storage.dbs.audit)
         if cursor.last():
             try:
@@ -59,7 +61,9 @@ def append_entry(
         entry = AuditEntry(seq, at_ms, who, action, receipt_id, fields, reason, prev)
         entry = msgspec.structs.replace(entry, hash=_digest(entry))
         txn.put(seq.to_bytes(8, "big"), _encoder.encode(entry), db=storage.dbs.audit)
-    return entry
+        return entry
+
+    return storage.write_transaction(append)
 
 
 def iter_entries(storage: Storage) -> Iterator[AuditEntry]:

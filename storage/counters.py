@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import lmdb
 import msgspec
 
 from storage.env import Storage
@@ -129,12 +130,15 @@ def mark_overage_counting(storage: Storage, period: str) -> None:
     the mark is the month before: `period` is then priced from its counters
     alone, and terms changed later cannot rewrite it.
     """
-    with mapped_lmdb_errors(), storage.env.begin(write=True) as txn:
+
+    def mark(txn: lmdb.Transaction) -> None:
         if txn.get(OVERAGE_COUNTED_FROM, db=storage.dbs.meta) is None:
             infix = f"\x00{period}\x00".encode()
             metered = any(infix in bytes(key) for key in txn.cursor(db=storage.dbs.counters).iternext(values=False))
             began = period if metered else period_before(period)
             txn.put(OVERAGE_COUNTED_FROM, began.encode(), db=storage.dbs.meta)
+
+    storage.write_transaction(mark)
 
 
 def period_before(period: str) -> str:

@@ -13,13 +13,17 @@ from __future__ import annotations
 import os
 import secrets
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import lmdb
 
 from storage.errors import FormatError, mapped_lmdb_errors
 from storage.migrations import MIGRATIONS
+
+_T = TypeVar("_T")
 
 FORMAT_VERSION = 1
 DB_NAMES = (
@@ -164,6 +168,27 @@ class Storage:
         except lmdb.MapResizedError:
             self.adopt_map_size()
             return self.env.begin(buffers=False)
+
+    # -- writes outside the writer ------------------------------------------
+
+    def write_transaction(self, body: Callable[[lmdb.Transaction], _T]) -> _T:
+        """Run `body` in a durable write transaction of its own; StorageError on failure.
+
+        For operator commands and start-up (the service's writes go through the
+        group-commit writer): a full map is grown, and a map another process
+        grew meanwhile (`serve` taking events beside the command) is adopted,
+        then `body` runs again from the start.
+        """
+        with mapped_lmdb_errors():
+            while True:
+                try:
+                    with self._resize_lock, self.env.begin(write=True) as txn:
+                        return body(txn)
+                except lmdb.MapFullError:
+                    if not self.grow():
+                        raise
+                except lmdb.MapResizedError:
+                    self.adopt_map_size()
 
     # -- map growth ---------------------------------------------------------
 

@@ -9,6 +9,7 @@ refused instead (collector.fieldkeys.settle_key_file).
 
 from __future__ import annotations
 
+import lmdb
 import msgspec
 
 from storage.env import Storage
@@ -30,7 +31,8 @@ def recorded_key_ids(storage: Storage) -> list[str]:
 
 def record_key_ids(storage: Storage, key_ids: list[str]) -> None:
     """Add `key_ids` to the recorded ones (written only when that changes them)."""
-    with mapped_lmdb_errors(), storage.env.begin(write=True) as txn:
+
+    def merge(txn: lmdb.Transaction) -> None:
         raw = txn.get(FIELD_KEY_IDS, db=storage.dbs.meta)
         try:
             known = msgspec.json.decode(bytes(raw), type=list[str]) if raw is not None else []
@@ -39,3 +41,5 @@ def record_key_ids(storage: Storage, key_ids: list[str]) -> None:
         merged = sorted({*known, *key_ids})
         if merged != known:
             txn.put(FIELD_KEY_IDS, msgspec.json.encode(merged), db=storage.dbs.meta)
+
+    storage.write_transaction(merge)

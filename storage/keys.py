@@ -26,7 +26,7 @@ def iter_keys(storage: Storage) -> Iterator[tuple[str, bytes]]:
 def put_keys(storage: Storage, records: Iterable[tuple[str, bytes]]) -> None:
     """Upsert many key records in one durable transaction: all or nothing."""
     rows = list(records)
-    _in_write_transaction(storage, lambda txn: _put(storage, txn, rows))
+    storage.write_transaction(lambda txn: _put(storage, txn, rows))
 
 
 def change_key(storage: Storage, key: str, change: Callable[[bytes | None], list[tuple[str, bytes]]]) -> None:
@@ -45,7 +45,7 @@ def change_key(storage: Storage, key: str, change: Callable[[bytes | None], list
         raw = txn.get(stored, db=storage.dbs.keys) if stored else None  # (LMDB refuses an empty key)
         _put(storage, txn, change(bytes(raw) if raw is not None else None))
 
-    _in_write_transaction(storage, body)
+    storage.write_transaction(body)
 
 
 BILLING_MOVED = b"billing_moved\x00"  # meta: + clientId -> the latest period (YYYY-MM) its billing account changed
@@ -71,7 +71,7 @@ def update_keys(
         for client, period in (moved() if moved is not None else {}).items():
             txn.put(moved_key(client), period.encode(), db=storage.dbs.meta)
 
-    _in_write_transaction(storage, body)
+    storage.write_transaction(body)
 
 
 def moved_key(client_id: str) -> bytes:
@@ -88,18 +88,3 @@ def billing_move(txn: lmdb.Transaction, meta: lmdb._Database, client_id: str) ->
 def _put(storage: Storage, txn: lmdb.Transaction, rows: Iterable[tuple[str, bytes]]) -> None:
     for key, value in rows:
         txn.put(key.encode(), value, db=storage.dbs.keys)
-
-
-def _in_write_transaction(storage: Storage, body: Callable[[lmdb.Transaction], None]) -> None:
-    """Run `body` in a write transaction and commit, growing or adopting the map as needed."""
-    with mapped_lmdb_errors():
-        while True:
-            try:
-                with storage.env.begin(write=True) as txn:
-                    body(txn)
-                return
-            except lmdb.MapFullError:
-                if not storage.grow():
-                    raise
-            except lmdb.MapResizedError:  # another process grew the shared map
-                storage.adopt_map_size()

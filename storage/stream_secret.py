@@ -18,22 +18,17 @@ _KEY = b"stream_token_secret"
 
 
 def stream_token_secret(storage: Storage) -> bytes:
-    with mapped_lmdb_errors():
-        with storage.read() as txn:
-            found = txn.get(_KEY, db=storage.dbs.meta)
+    with mapped_lmdb_errors(), storage.read() as txn:
+        found = txn.get(_KEY, db=storage.dbs.meta)
+    if found is not None:
+        return bytes(found)
+
+    def create(txn: lmdb.Transaction) -> bytes:
+        found = txn.get(_KEY, db=storage.dbs.meta)  # another process may have won
         if found is not None:
             return bytes(found)
-        while True:
-            try:
-                with storage.env.begin(write=True) as txn:
-                    found = txn.get(_KEY, db=storage.dbs.meta)  # another process may have won
-                    if found is not None:
-                        return bytes(found)
-                    secret = secrets.token_bytes(32)
-                    txn.put(_KEY, secret, db=storage.dbs.meta)
-                    return secret
-            except lmdb.MapFullError:
-                if not storage.grow():
-                    raise
-            except lmdb.MapResizedError:
-                storage.adopt_map_size()
+        secret = secrets.token_bytes(32)
+        txn.put(_KEY, secret, db=storage.dbs.meta)
+        return secret
+
+    return storage.write_transaction(create)

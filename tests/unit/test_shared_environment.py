@@ -9,7 +9,10 @@ from pathlib import Path
 
 import trio
 
+from storage import audit, counters, keys
 from storage.env import Storage
+from storage.field_key_ids import record_key_ids, recorded_key_ids
+from storage.stream_secret import stream_token_secret
 from storage.writer import GroupCommitWriter, WriteContext, run_job_now
 
 MB = 1024 * 1024
@@ -80,6 +83,28 @@ def test_one_off_jobs_adopt_too(tmp_path: Path) -> None:
         run_job_now(storage, Put(b"first"))
         grow_in_another_process(tmp_path, "c")
         assert run_job_now(storage, Put(b"second")) == b"second"
+    finally:
+        storage.close()
+
+
+def test_operator_writes_adopt_a_map_serve_grew(tmp_path: Path) -> None:
+    # helper-95: `collector reveal` (its audit entry), the field key record, the stream
+    # secret and the overage mark failed with MDB_MAP_RESIZED while `serve` grew the map.
+    storage = Storage(tmp_path, map_size=MB)
+    try:
+        writes = [
+            lambda: audit.append_entry(storage, at_ms=1, who="op", action="reveal", receipt_id="r", fields=["x"],
+                                       reason="t"),
+            lambda: record_key_ids(storage, ["k1"]),
+            lambda: stream_token_secret(storage),
+            lambda: counters.mark_overage_counting(storage, "2026-11"),
+            lambda: keys.put_keys(storage, [("cs_live_k", b"{}")]),
+        ]
+        for n, write in enumerate(writes):
+            grow_in_another_process(tmp_path, f"w{n}")
+            write()  # (MDB_MAP_RESIZED: a StorageError)
+        assert [entry.seq for entry in audit.iter_entries(storage)] == [1]
+        assert recorded_key_ids(storage) == ["k1"] and len(stream_token_secret(storage)) == 32
     finally:
         storage.close()
 
