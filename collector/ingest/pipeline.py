@@ -55,7 +55,12 @@ from collector.ingest.scrub import scrub_text
 from collector.ingest.sealing import seal_sensitive
 from collector.ingest.shape import refuse_ambiguous_shape
 from collector.ingest.surrogates import without_lone_surrogates
-from collector.ingest.validate import check_event, misspelt_identity_denial, rewrite_platform
+from collector.ingest.validate import (
+    check_event,
+    denial_in_undecodable,
+    misspelt_identity_denial,
+    rewrite_platform,
+)
 
 MAX_BATCH = 25
 MAX_STORED_EVENT = 120_000
@@ -384,20 +389,26 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
     verdicts: dict[object, BotInfo] = {}
     identity_choices: dict[str, dict[str, int]] = {}  # visitor -> eid -> its position in `accepted`
     strict_consent = ctx.strict_consent
-    misspelt_denials: set[str] = set()  # visitors whose identity denial was refused for its spelling
+    refused_denials: set[str] = set()  # visitors whose identity denial was in an event refused
     for index, event in enumerate(events):
         if isinstance(event, EventIssue):
-            eid = _raw_eid(decoded, index, single)
-            rejected.append(RejectedEvent(index, eid, "validation_error", [event]))
+            raw = _raw_event(decoded, index, single)
+            rejected.append(RejectedEvent(index, _raw_eid(raw), "validation_error", [event]))
+            if (denying := denial_in_undecodable(raw)) is not None:
+                refused_denials.add(denying)  # (as for a refused event that decoded, below)
             continue
         event = rewrite_platform(event, ctx.key_type)
         event, issues = check_event(event)
         if issues:
             rejected.append(RejectedEvent(index, event.eid, "validation_error", issues))
-            if event.consent is not None and misspelt_identity_denial(event.consent):
-                # refused for the spelling, but the visitor's refusal is plain: the
-                # identifies after it in this request are not stored (helper-87)
-                misspelt_denials.add(event.visitorId)
+            if event.consent is not None and (
+                misspelt_identity_denial(event.consent)
+                or (isinstance(event, ConsentTransition) and event.consent.identityResolution is False)
+            ):
+                # refused (for a spelling, for page content in a transition, a bad
+                # consent timestamp), but the visitor's refusal is plain: the
+                # identifies after it in this request are not stored (helper-87, helper-94)
+                refused_denials.add(event.visitorId)
             continue
         eid = _event_id(event, index, header_key, ctx.production)
         if eid is None:
@@ -411,7 +422,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
         # pays for every call 25 times.)
         drop = consent_drop_reason(event, True) if strict_consent else None
         if drop is None and isinstance(event, Identify) and (
-            identity_declined(event) or event.visitorId in misspelt_denials
+            identity_declined(event) or event.visitorId in refused_denials
         ):
             drop = "identity_consent_denied"
         withheld = None
@@ -457,7 +468,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
             visitor = event.visitorId
             consent_state = state_of(event, eid, ctx.now_ms)
             if consent_state is not None and consent_state.identityResolution is not None:
-                misspelt_denials.discard(visitor)  # a choice spelt right after it decides (helper-91)
+                refused_denials.discard(visitor)  # a choice accepted after it decides (helper-91)
                 stated = identity_choices.setdefault(visitor, {})
                 stated.setdefault(eid, len(accepted))  # (an in-batch repeat is the same decision)
         accepted.append(
@@ -510,10 +521,14 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
     return PreparedBatch(len(events), single, accepted, rejected, dropped)
 
 
-def _raw_eid(decoded: Any, index: int, single: bool) -> str | None:
+def _raw_event(decoded: Any, index: int, single: bool) -> object:
+    """The event at `index` as the JSON decoder gave it (None when the body is not shaped so)."""
     try:
-        event = decoded if single else decoded["events"][index]  # type: ignore[index]
-        eid = event.get("_eid")
-    except (KeyError, TypeError, AttributeError, IndexError):
+        return decoded if single else decoded["events"][index]  # type: ignore[index]
+    except (KeyError, TypeError, IndexError):
         return None
+
+
+def _raw_eid(raw: object) -> str | None:
+    eid = raw.get("_eid") if isinstance(raw, dict) else None
     return eid if isinstance(eid, str) else None

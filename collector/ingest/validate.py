@@ -134,6 +134,25 @@ def misspelt_identity_denial(consent: EventConsent) -> bool:
     )
 
 
+_IDENTITY_DENIAL_NAMES = frozenset(wire for _, wire, meant in _MISSPELT_CONSENT if meant == "identityResolution")
+
+
+def denial_in_undecodable(raw: object) -> str | None:
+    """The visitor whose identity denial an event that did not decode states, if it does.
+
+    An event refused before it became a struct (a consent timestamp "now") still
+    says what the visitor chose: a misspelt denial in any event, or
+    `identityResolution: false` in a `_consent_transition`, as for decoded ones.
+    """
+    if not isinstance(raw, dict):
+        return None
+    consent, visitor = raw.get("consent"), raw.get("visitorId")
+    if not isinstance(consent, dict) or not isinstance(visitor, str):
+        return None
+    names = _IDENTITY_DENIAL_NAMES | ({"identityResolution"} if raw.get("type") == "_consent_transition" else set())
+    return visitor if any(consent.get(name) is False for name in names) else None
+
+
 # Built once: msgspec.json.decode(..., type=dict[str, str]) builds the type on every call.
 RAW_FIELDS_DECODER = msgspec.json.Decoder(dict[str, str])
 

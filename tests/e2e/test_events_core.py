@@ -534,6 +534,23 @@ async def test_a_misspelt_identity_denial_still_stops_the_identifies_after_it(se
     assert response.json()["accepted"] == 2
 
 
+async def test_a_denial_in_a_refused_transition_still_stops_the_identifies_after_it(server: RunningServer) -> None:
+    # helper-94: a transition refused for its page content (an SDK stamping the envelope's
+    # page on every event) or a bad consent timestamp lost its denial; the identify was stored.
+    spelt = {"analytics": True, "identityResolution": False}
+    refused = [
+        pageview("with-page", type="_consent_transition", consent=spelt),
+        {**pageview("bad-time", type="_consent_transition", consent={**spelt, "timestamp": "now"}), "page": None},
+    ]
+    for n, denial in enumerate(refused):
+        who = pageview(f"who-{n}", type="identify", hem="a" * 64, rawEmail="a@b.co")
+        response = await post(server, {"events": [denial, who]})
+        assert response.status_code == 202, response.text
+        assert [(e["eid"], e["error"], e.get("reason")) for e in response.json()["errors"]] == [
+            (denial["_eid"], "validation_error", None), (f"who-{n}", "dropped", "identity_consent_denied")]
+    assert await outbox_dump(server.data_dir) == []
+
+
 async def test_outbox_dump_lines_survive_unicode_line_splitting(server: RunningServer) -> None:
     # helper-84: U+2028 in a stored string (JSON lets it stand raw) cut a record of
     # `outbox dump` in two for any reader splitting lines the Unicode way.
