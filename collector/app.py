@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
+import lmdb
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio.lifespan import Lifespan
@@ -70,11 +71,13 @@ from storage.env import Storage
 from storage.errors import StorageError
 from storage.outbox import last_seq
 from storage.retention import RetentionSweep, run_retention
+from storage.throttled_log import ThrottledLog
 from storage.visitors import CURSOR as VISITORS_CURSOR
 from storage.visitors import FoldAtCommit
 from storage.writer import GroupCommitWriter
 
 log = logging.getLogger("collector")
+_metrics_read_failed = ThrottledLog(log, logging.ERROR)
 
 
 def open_storage(settings: Settings) -> Storage:
@@ -178,6 +181,22 @@ def build_services(
 def _node_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
     """The node's storage, outbox and meters: the same whichever worker reads them."""
     yield gauge("collector_workers", "Worker processes serving (serve --workers)", services.workers)
+    try:
+        read = list(_stored_gauges(services))
+    except (StorageError, lmdb.Error) as exc:
+        # The rest of the scrape still says what the process knows (an exception here
+        # failed the whole of /metrics, which is where an operator looks then).
+        _metrics_read_failed("metrics: the storage gauges could not be read: %s", exc, cause=type(exc).__name__)
+        read = []
+    yield gauge(
+        "collector_storage_gauges_read",
+        "1 when this scrape read the outbox and meter gauges from storage, 0 when the read failed (the log says why)",
+        1 if read else 0,
+    )
+    yield from read
+
+
+def _stored_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
     yield gauge("collector_outbox_last_seq", "Sequence number of the newest outbox entry", last_seq(services.storage))
     with services.storage.read() as txn:
         entries = txn.stat(services.storage.dbs.outbox)["entries"]
