@@ -33,17 +33,21 @@ class FormatError(StorageError):
     """The data directory holds a storage format this version cannot use."""
 
 
+def is_full(exc: lmdb.Error) -> bool:
+    """Whether LMDB failed for lack of room: a map at its cap, or a disk out of space."""
+    message = str(exc)
+    return isinstance(exc, lmdb.MapFullError | lmdb.DiskError) or any(
+        sign in message for sign in ("No space left", "ENOSPC", "MDB_MAP_FULL")
+    )
+
+
 @contextlib.contextmanager
 def mapped_lmdb_errors() -> Iterator[None]:
     """Map LMDB's exceptions to StorageError at the storage boundary (one table)."""
     try:
         yield
-    except (lmdb.MapFullError, lmdb.DiskError) as exc:
-        raise StorageFull(str(exc)) from exc
     except lmdb.Error as exc:
-        if "No space left" in str(exc) or "ENOSPC" in str(exc):
-            raise StorageFull(str(exc)) from exc
-        raise StorageError(str(exc)) from exc
+        raise (StorageFull if is_full(exc) else StorageError)(str(exc)) from exc
     except OSError as exc:
         raise StorageError(str(exc)) from exc
 

@@ -27,7 +27,7 @@ import msgspec
 import trio
 
 from storage.env import Storage
-from storage.errors import StorageError, StorageFull, WriterBusy
+from storage.errors import StorageError, StorageFull, WriterBusy, is_full
 from storage.outbox import NEXT_SEQ, Appended
 from storage.throttled_log import ThrottledLog
 
@@ -266,8 +266,7 @@ class GroupCommitWriter:
                 return
             except lmdb.Error as exc:
                 message = str(exc)
-                full = "No space" in message or "MDB_MAP_FULL" in message
-                error: StorageError = StorageFull(message) if full else StorageError(message)
+                error: StorageError = StorageFull(message) if is_full(exc) else StorageError(message)
                 _commit_failed("commit failed: %s", message, cause=message)
                 self._fail(pending, error)
                 return
