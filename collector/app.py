@@ -262,8 +262,37 @@ def _process_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
         )
     cache = services.keys.statistics()
     yield gauge("collector_key_cache_entries", "Key records cached", cache.entries)
+    yield gauge("collector_key_cache_hits", "Key lookups answered from the cache", cache.hits)
+    yield gauge("collector_key_cache_misses", "Key lookups that read storage", cache.misses)
+    yield gauge(
+        "collector_key_cache_read_failures",
+        "Key lookups whose storage read failed (answered 503, or from a stale entry)",
+        cache.read_failures,
+    )
     limiter = services.limiter.statistics()
     yield gauge("collector_rate_buckets", "Request-rate buckets held in memory", limiter.buckets)
+    yield gauge("collector_rate_checks", "Requests checked against a rate bucket", limiter.checks)
+    yield gauge("collector_rate_refusals", "Requests a rate bucket refused (429 rate_limit_exceeded)", limiter.refusals)
+    bots = services.bots.statistics()
+    yield gauge("collector_bot_agent_cache_hits", "User agents whose bot verdict was cached", bots.cache_hits)
+    yield gauge("collector_bot_agent_cache_misses", "User agents classified afresh", bots.cache_misses)
+    if services.retention is not None:
+        yield from _retention_gauges(services.retention)
+
+
+def _retention_gauges(sweep: RetentionSweep) -> Iterator[GaugeMetricFamily]:
+    """The retention sweep's work (worker 0 only): alert on failures growing or sweeps standing still."""
+    stats = sweep.statistics()
+    yield gauge("collector_retention_sweeps", "Retention sweeps committed", stats.sweeps)
+    yield gauge("collector_retention_failures", "Retention sweeps that could not commit (the log says why)", stats.failures)
+    removed = GaugeMetricFamily(
+        "collector_retention_removed", "Records the retention sweep removed, by kind", labels=["kind"]
+    )
+    for kind, count in (("outbox", stats.outbox_removed), ("idempotency", stats.idempotency_removed),
+                        ("replay", stats.replay_removed)):  # fmt: skip
+        removed.add_metric([kind], count)
+    yield removed
+    yield gauge("collector_retention_retained_from", "Oldest outbox seq kept after the last sweep", stats.retained_from)
 
 
 def _meter_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
@@ -358,7 +387,7 @@ async def serve(
                 outer.start_soon(_clear_stale_readers, storage)
                 services.projection = VisitorProjection(services.writer)
                 await outer.start(services.projection.run)
-                sweep = RetentionSweep(
+                sweep = services.retention = RetentionSweep(
                     outbox_retention_ms=int(settings.outbox_retention_hours * 3_600_000),
                     idempotency_window_ms=settings.idempotency_window_ms,
                     consumers=(VISITORS_CURSOR,),  # every outbox consumer registers here

@@ -16,6 +16,7 @@ from collector.metrics import Metrics
 from collector.settings import Settings
 from collector.signals.projection import VisitorProjection
 from storage.env import Storage
+from storage.retention import RetentionSweep
 from storage.visitors import FoldAtCommit
 from storage.writer import GroupCommitWriter
 
@@ -40,6 +41,7 @@ class Services:
     clock: Callable[[], float] = field(default=wall_clock)
     # The visitor projection, in the one process that runs it (None elsewhere).
     projection: VisitorProjection | None = None
+    retention: RetentionSweep | None = None  # the retention sweep, in the same one process
     # `serve --workers N`: which worker process this is (0 runs retention and the visitor projection) and how many there are
     worker_index: int = 0
     connection_limits: ConnectionLimits | None = None  # set once the HTTP server runs (its open count)
