@@ -62,7 +62,6 @@ ERRORS: dict[str, ErrorKind] = {
     # not in the spec's tables, but needed to answer every request cleanly
     "not_found": ErrorKind(404, False),
     "method_not_allowed": ErrorKind(405, False),
-    "unsupported_media_type": ErrorKind(415, False),
     "key_type_not_allowed": ErrorKind(403, False),  # POST /v1/replay takes website keys only
     # the HTTP parser's own refusals (collector/http/parse_errors.py)
     "bad_request": ErrorKind(400, False),

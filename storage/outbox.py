@@ -180,8 +180,3 @@ def last_seq(storage: Storage) -> int:
         raw = txn.get(NEXT_SEQ, db=storage.dbs.meta)
     return int.from_bytes(raw, "big") - 1 if raw else 0
 
-
-def get_cursor(storage: Storage, consumer: str) -> int:
-    with mapped_lmdb_errors(), storage.read() as txn:
-        raw = txn.get(consumer.encode(), db=storage.dbs.cursors)
-    return int.from_bytes(raw, "big") if raw else 0

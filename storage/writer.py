@@ -154,7 +154,6 @@ class GroupCommitWriter:
         self._cond = threading.Condition()
         self._stopping = False
         self._token: trio.lowlevel.TrioToken | None = None
-        self._commit_listeners: list[Callable[[], None]] = []
         # Runs at the end of every group that appended to the outbox, inside its
         # transaction, with the group's appends in ctx.appended (the visitor
         # projection folds them there). Set before the writer starts. It must
@@ -179,10 +178,6 @@ class GroupCommitWriter:
         )
 
     # -- trio side ----------------------------------------------------------
-
-    def add_commit_listener(self, callback: Callable[[], None]) -> None:
-        """Called on the trio thread after every commit (outbox consumers wake on it)."""
-        self._commit_listeners.append(callback)
 
     async def submit(self, job: WriteJob) -> Any:
         """Run `job` in the next group commit and return its result once durable.
@@ -291,7 +286,7 @@ class GroupCommitWriter:
             self._stats["last_group_size"] = len(pending)
             if self._on_commit is not None:
                 self._on_commit(len(pending), time.perf_counter() - started)
-            self._deliver(pending, committed=True)
+            self._deliver(pending)
             return
 
     def _try_transaction(self, pending: list[_Ticket], at_commit: AtCommit | None) -> _Ticket | None:
@@ -416,7 +411,7 @@ class GroupCommitWriter:
             ticket.error = error
         self._deliver(tickets)
 
-    def _deliver(self, tickets: list[_Ticket], committed: bool = False) -> None:
+    def _deliver(self, tickets: list[_Ticket]) -> None:
         for ticket in tickets:
             if ticket.error is None:
                 self._stats["jobs_committed"] += 1
@@ -428,9 +423,6 @@ class GroupCommitWriter:
         def wake() -> None:
             for ticket in tickets:
                 ticket.done.set()
-            if committed:
-                for listener in self._commit_listeners:
-                    listener()
 
         assert self._token is not None
         with contextlib.suppress(trio.RunFinishedError):
