@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 
 import msgspec
 import trio
@@ -63,6 +64,7 @@ async def test_reused_id_with_other_content_is_a_conflict(server: RunningServer)
     assert response.status_code == 409
     assert response.json()["error"] == "idempotency_conflict"
     assert "c1" in response.json()["message"]
+    assert (response.json()["eid"], response.json()["index"]) == ("c1", 1)  # which event, for the SDK
     stored = await outbox_dump(server.data_dir)
     assert [row["eid"] for row in stored] == ["c1"]  # c2 was not half-stored
 
@@ -70,11 +72,14 @@ async def test_reused_id_with_other_content_is_a_conflict(server: RunningServer)
 async def test_conflict_inside_one_batch(server: RunningServer) -> None:
     response = await post(server, {"events": [pageview("d1"), pageview("d1", visitorId="x")]})
     assert response.status_code == 409
+    assert (response.json()["error"], response.json()["eid"], response.json()["index"]) == (
+        "idempotency_conflict", "d1", 1)
     assert await outbox_dump(server.data_dir) == []
 
 
 async def test_same_id_twice_in_one_batch_is_one_event(server: RunningServer) -> None:
     response = await post(server, {"events": [pageview("t1"), pageview("t1")]})
+    assert response.status_code == 202, response.text
     body = response.json()
     assert (body["accepted"], body["duplicates"]) == (1, 1)
     assert body["receiptIds"][0] == body["receiptIds"][1]
@@ -126,9 +131,12 @@ async def test_idempotency_key_over_512_chars(server: RunningServer) -> None:
 async def test_development_mints_ids(dev_server: RunningServer) -> None:
     event = pageview("x")
     del event["_eid"]
-    response = await dev_server.client.post("/v1/events", json=event, headers=H)
-    assert response.status_code == 202, response.text
-    assert response.json()["accepted"] == 1
+    for _ in range(2):  # the same content twice: a random id each, so two events (README)
+        response = await dev_server.client.post("/v1/events", json=event, headers=H)
+        assert response.status_code == 202, response.text
+        assert response.json()["accepted"] == 1
+    minted = [row["eid"] for row in await outbox_dump(dev_server.data_dir)]
+    assert len(set(minted)) == 2 and all(re.fullmatch(r"dev_[0-9a-f]{32}", eid) for eid in minted), minted
 
 
 async def test_invalid_json_and_invalid_utf8(server: RunningServer) -> None:
@@ -149,8 +157,7 @@ async def test_translated_routes_refuse_invalid_utf8_cleanly(server: RunningServ
 async def test_deeply_nested_body_is_refused_cleanly(server: RunningServer) -> None:
     raw = b'{"events": [' + b"[" * 10_000 + b"]" * 10_000 + b"]}"
     response = await post(server, None, raw=raw)
-    assert response.status_code == 400
-    assert response.json()["error"] in {"invalid_json", "validation_error"}
+    assert (response.status_code, response.json()["error"]) == (400, "invalid_json"), response.text
 
 
 async def test_single_invalid_event_has_details(server: RunningServer) -> None:
@@ -367,7 +374,7 @@ async def test_compressed_body_over_1mb(server: RunningServer) -> None:
 
     raw = gzip.compress(os.urandom(1024 * 1024 + 10))
     response = await post(server, None, {**H, "Content-Encoding": "gzip"}, raw=raw)
-    assert response.status_code == 413
+    assert (response.status_code, response.json()["error"]) == (413, "payload_too_large"), response.text
 
 
 async def test_raw_body_over_10mb(server: RunningServer) -> None:
@@ -388,10 +395,10 @@ async def test_event_over_120000_bytes_after_enrichment(server: RunningServer) -
 async def test_request_id_is_echoed_or_minted(server: RunningServer) -> None:
     response = await post(server, pageview("rid"), {**H, "X-Request-ID": "abc-123"})
     assert response.headers["X-Request-ID"] == "abc-123"
-    response = await server.client.post("/v1/events", content=b"{}")
-    assert response.headers["X-Request-ID"]
-    response = await server.client.get("/nowhere")
-    assert response.status_code == 404 and response.headers["X-Request-ID"]
+    minted = [(await server.client.post("/v1/events", content=b"{}")).headers["X-Request-ID"],
+              (await server.client.get("/nowhere")).headers["X-Request-ID"]]
+    # 24 hex digits (README), one per request (helper-96: a constant passed)
+    assert all(re.fullmatch(r"[0-9a-f]{24}", rid) for rid in minted) and minted[0] != minted[1], minted
 
 
 async def test_concurrent_replays_store_once(server: RunningServer) -> None:

@@ -164,6 +164,14 @@ async def test_coverage_headers_and_the_accepted_event_ceiling(nursery: trio.Nur
     assert stop.status_code == 429
     assert stop.json()["error"] == "accepted_event_safety_ceiling_reached"
     assert stop.headers["X-Service-Budget-Type"] == "accepted-events"
+    # spec 7.2: the same shape as usage_limit_exceeded (helper-96: nothing pinned it)
+    body = stop.json()
+    assert body == {
+        "error": "accepted_event_safety_ceiling_reached", "message": body["message"],
+        "reason": "safety_ceiling_reached", "upgradeRequired": "paid", "billingPeriod": body["billingPeriod"],
+        "used": 3, "included": 2, "safetyCeiling": 3, "attempted": 1, "accepted": 0,
+    }, body
+    assert (stop.headers["Retry-After"], stop.headers["X-Service-Billing-Mode"]) == ("3600", "blocked")
     assert "X-Service-Budget-Type" not in stop.headers.get("Access-Control-Expose-Headers", "")
 
 
