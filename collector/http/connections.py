@@ -67,8 +67,10 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+import h2.exceptions
 import h11
 import trio
+from h2.stream import StreamState
 from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol.h2 import H2Protocol
 from hypercorn.protocol.h11 import H11Protocol
@@ -334,6 +336,7 @@ class IdleWatch:
 class Connection(TCPServer):
     _idle = True  # no request in progress (hypercorn starts the idle task before reading)
     _request_began = 0.0  # when the request in progress began (its first byte)
+    _last_data = 0.0  # when data last arrived (HTTP/2's stall check)
     _head_began: float | None = None  # when the first byte of a request head not yet whole came
     _cut_peer: tuple[str, int] | None = None  # in CUT_BY_TIMEOUT while this connection lasts
     _reading_done = False
@@ -443,6 +446,19 @@ class Connection(TCPServer):
             self._cut_peer = (peer[0], peer[1])
             CUT_BY_TIMEOUT.add(self._cut_peer)
 
+    def _http2_stalled(self) -> bool:
+        """Whether an HTTP/2 client has been silent for read_timeout while the server waits on it.
+
+        b507702 stopped bounding HTTP/2 reads at all (a slow answer is not the
+        client's doing), and a client that sent part of a body, or a window of
+        zero that holds back its answer, then held the connection and its
+        handler for ever (helper-93).
+        """
+        read_timeout = self.config.read_timeout
+        if not read_timeout or trio.current_time() - self._last_data < read_timeout:
+            return False
+        return _client_holds_up_http2(self.protocol.protocol)  # type: ignore[arg-type]
+
     def _read_deadline(self) -> float:
         per_read = trio.current_time() + self.config.read_timeout if self.config.read_timeout else math.inf
         if self._idle:
@@ -457,10 +473,13 @@ class Connection(TCPServer):
         # connection (and its buffered body) for as long as the client liked.
         protocol = self.protocol.protocol
         if isinstance(protocol, H2Protocol):
-            # HTTP/2 is busy while any of its streams is: its requests overlap, and a
-            # deadline from the first would cut the ones that came later, and a client
-            # waiting for an answer sends nothing (not bounded here: README).
-            return math.inf
+            # Its requests overlap, so no one deadline fits: while streams are open the
+            # read wakes now and then and asks whether the silence is the client's
+            # (_client_holds_up_http2). A stream opened later comes with data, and
+            # data sets a new deadline.
+            if not protocol.connection.streams:
+                return math.inf  # the idle task's keep_alive_timeout bounds the wait
+            return trio.current_time() + HTTP2_STALL_CHECK_S
         if protocol.connection.their_state is not h11.SEND_BODY:
             # The request has all arrived: the server is answering it, and a client
             # waiting for its answer sends nothing. A slow answer (a busy disk) cut the
@@ -472,6 +491,7 @@ class Connection(TCPServer):
         # (the protocol exists from here; an HTTP/2 one, taken over later, answers its own way)
         if isinstance(self.protocol.protocol, H11Protocol):
             answer_parse_errors(self.protocol.protocol, self._unrouted)
+        self._last_data = trio.current_time()
         while True:
             with trio.CancelScope(deadline=self._read_deadline()) as scope:
                 self._read_scope = scope
@@ -481,8 +501,15 @@ class Connection(TCPServer):
                     data = b""
             self._read_scope = None
             if scope.cancelled_caught:  # read_timeout or request_timeout inside a request
+                if isinstance(self.protocol.protocol, H2Protocol):
+                    if not self._http2_stalled():
+                        continue
+                    # (an answer held back by the window would keep the socket open
+                    # until request_timeout cancels its handler: the client is cut now)
+                    await trio.aclose_forcefully(self.stream)
                 self._mark_cut()
                 break
+            self._last_data = trio.current_time()
             if data and self._idle and self._head_began is None and not isinstance(self.protocol.protocol, H2Protocol):
                 self._head_began = trio.current_time()
             await self.protocol.handle(RawData(bytes(data)))
@@ -501,6 +528,27 @@ class Connection(TCPServer):
         if nursery is not None:
             scope = nursery.cancel_scope
             scope.deadline = min(scope.deadline, trio.current_time() + self._request_timeout)
+
+
+HTTP2_STALL_CHECK_S = 1.0  # how often a silent HTTP/2 connection with open streams is looked at
+
+_STILL_ARRIVING = (StreamState.OPEN, StreamState.HALF_CLOSED_LOCAL)  # the client has not ended the stream
+
+
+def _client_holds_up_http2(protocol: H2Protocol) -> bool:
+    """A request still arriving, or an answer held back by the client's flow-control window."""
+    connection = protocol.connection
+    for stream_id, stream in list(connection.streams.items()):
+        if stream.state_machine.state in _STILL_ARRIVING:
+            return True
+        buffer = protocol.stream_buffers.get(stream_id)
+        if buffer is not None and buffer.buffer:
+            try:
+                if connection.local_flow_control_window(stream_id) <= 0:
+                    return True
+            except h2.exceptions.StreamClosedError:
+                continue
+    return False
 
 
 def _is_final_response_head(data: bytes) -> bool:

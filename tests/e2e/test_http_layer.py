@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import h2.config
 import h2.connection
 import h2.events
+import h2.settings
 import pytest
 import trio
 
@@ -324,6 +325,71 @@ async def test_an_answer_slower_than_the_read_timeout_is_sent_and_the_connection
     assert [row["eid"] for row in await outbox_dump(server.data_dir)] == ["slow-commit"]
     assert [(line["requestId"], line["status"]) for line in access_lines() if line["route"] == "/v1/events"] == [
         ("slow-1", 202)]
+
+
+def _h2_stall(base_url: str, how: str) -> float | None:
+    """Seconds until the server closes an HTTP/2 connection the client stalls (None: open after 10 s).
+
+    `body`: a POST whose body stops after 20 of its 100 bytes; `window`: a client
+    window of zero, so the answer to a GET /metrics cannot be sent.
+    """
+    url = urlsplit(base_url)
+    with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+        settings = {h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0} if how == "window" else {}
+        conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
+        conn.local_settings = h2.settings.Settings(client=True, initial_values=settings)
+        conn.initiate_connection()
+        head = [(":authority", "x"), (":scheme", "http")]
+        if how == "body":
+            conn.send_headers(1, [(":method", "POST"), (":path", "/v1/events"), *head,
+                                  ("x-api-key", BROWSER_KEY), ("origin", "https://acme.com"), ("content-length", "100")])
+            conn.send_data(1, b"x" * 20)
+        else:
+            conn.send_headers(1, [(":method", "GET"), (":path", "/metrics"), *head], end_stream=True)
+        sock.sendall(conn.data_to_send())
+        started = time.monotonic()
+        try:
+            while data := sock.recv(65536):
+                conn.receive_data(data)
+                sock.sendall(conn.data_to_send())  # (acknowledges settings; grants no window)
+        except (TimeoutError, OSError):
+            return None if time.monotonic() - started >= 10 else time.monotonic() - started
+        return time.monotonic() - started
+
+
+def _h2_post(base_url: str, body: bytes) -> str:
+    """The status of one whole HTTP/2 POST /v1/events."""
+    url = urlsplit(base_url)
+    with socket.create_connection((url.hostname, url.port), timeout=20) as sock:
+        conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        conn.send_headers(1, [(":method", "POST"), (":path", "/v1/events"), (":authority", "x"), (":scheme", "http"),
+                              ("x-api-key", BROWSER_KEY), ("origin", "https://acme.com"),
+                              ("content-type", "application/json"), ("content-length", str(len(body)))])
+        conn.send_data(1, body, end_stream=True)
+        sock.sendall(conn.data_to_send())
+        while data := sock.recv(65536):
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived):
+                    return dict(event.headers)[b":status"].decode()
+            sock.sendall(conn.data_to_send())
+    return "closed"
+
+
+async def test_an_http2_client_that_stalls_is_cut_at_the_read_timeout(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # helper-93: with HTTP/2 reads unbounded, part of a body or a window of zero held
+    # the connection and its handler for ever (150 s and counting).
+    server = await start_server(nursery, tmp_path, read_timeout=1, request_timeout=60, keep_alive_timeout=60)
+    for how in ("body", "window"):
+        closed_after = await trio.to_thread.run_sync(_h2_stall, server.base_url, how)
+        assert closed_after is not None and closed_after < 4, (how, closed_after)
+    # while a client that waits for a slow answer (its request all sent) is not cut
+    holder = await trio.to_thread.run_sync(_hold_the_write_lock, server.data_dir, 3)
+    try:
+        body = json.dumps(pageview("h2-slow")).encode()
+        assert await trio.to_thread.run_sync(_h2_post, server.base_url, body) == "202"
+    finally:
+        await trio.to_thread.run_sync(lambda: holder.wait(timeout=10))
 
 
 async def test_a_client_that_reads_nothing_is_cut_off_at_the_request_timeout(
