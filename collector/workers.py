@@ -22,7 +22,10 @@ as SIGTERM to every child; the parent exits 0 once all drained and exited 0,
 1 if one had to be killed after `graceful_timeout` + 1 s or failed. A child
 that dies unexpectedly is restarted after a backoff (0.5 s doubling to 8 s,
 reset after 30 s of uptime); more than 5 unexpected exits within 60 s, or a
-child that never gets ready at start-up, stop the parent with status 1.
+child that never gets ready at start-up, stop the parent with status 1. A
+restarted child that refuses the directory (a key file that lacks a key it
+recorded) exits 2 with one line: not a crash; the others go on serving and it
+is tried again every 30 s.
 Children die with the parent (PR_SET_PDEATHSIG: SIGTERM, so they drain).
 """
 
@@ -57,6 +60,8 @@ log = logging.getLogger("collector.workers")
 READY_TIMEOUT_S = 60.0
 BACKOFF_FIRST_S, BACKOFF_MAX_S, BACKOFF_RESET_S = 0.5, 8.0, 30.0
 CRASH_WINDOW_S, CRASH_LIMIT = 60.0, 5
+REFUSED_TO_START = 2  # a restarted child's exit status when the directory refuses it (a key file)
+REFUSED_RETRY_S = 30.0
 _CHILD_ENV_DROP = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID")
 
 
@@ -288,6 +293,18 @@ class Supervisor:
                 # Drained and stopped on purpose (a SIGTERM to this worker alone, to
                 # recycle it): started again, and not counted as a crash.
                 log.info("worker %d (pid %d) stopped cleanly: starting it again", index, proc.pid)
+            elif proc.returncode == REFUSED_TO_START:
+                # Not a crash, and no retry will change it until the operator does:
+                # the other workers go on serving, and this one is tried now and then.
+                log.error(
+                    "worker %d (pid %d) refused to start (the line above says why): the other workers go on"
+                    " serving; it is tried again every %.0f s",
+                    index, proc.pid, REFUSED_RETRY_S,
+                )  # fmt: skip
+                with trio.move_on_after(REFUSED_RETRY_S):
+                    await self.stopping.wait()
+                self.restarts += 1
+                continue
             else:  # an unexpected exit: restart with backoff, or give up
                 self.crashes.append(now)
                 while self.crashes and self.crashes[0] < now - CRASH_WINDOW_S:
@@ -386,7 +403,17 @@ def child_main(argv: list[str] | None = None) -> int:
     settings = msgspec.json.decode(args.settings, type=Settings)
     configure_logging()
     tune_gc()  # every worker serves like a one-process collector does
-    trio.run(partial(serve, settings, worker_index=args.index, metrics_dir=args.metrics_dir, own_process=True))
+    from collector.fieldkeys import KeyFileError
+    from storage.errors import FormatError
+
+    try:
+        trio.run(partial(serve, settings, worker_index=args.index, metrics_dir=args.metrics_dir, own_process=True))
+    except (KeyFileError, FormatError) as exc:
+        # What the directory holds changed since the first start (a key file put back
+        # from an older copy): one line, as `serve` refuses it, and the supervisor
+        # keeps the other workers serving (helper-93: a traceback, then the node down).
+        log.error("worker %d refuses to start: %s", args.index, exc)
+        return REFUSED_TO_START
     return 0
 
 

@@ -372,6 +372,16 @@ def test_a_restarted_worker_refuses_a_lost_key_file_as_a_start_does(tmp_path: Pa
             time.sleep(0.2)
         assert "is missing, but this data directory's values were sealed with key k1" in server.log.read_text()
         assert not key_file.exists(), "a restarted worker made a fresh key file"
+        # helper-93: that refusal was a traceback and a crash; five more took the node down
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and "the other workers go on serving" not in server.log.read_text():
+            time.sleep(0.2)
+        log = server.log.read_text()
+        assert "refused to start" in log and "the other workers go on serving" in log, log[-2000:]
+        assert "Traceback" not in log and log.count("exited unexpectedly") == 1, log[-2000:]  # (the kill)
+        response = httpx.post(server.url + "/v1/events", json={"events": [click("still-served")]}, headers=H)
+        assert response.status_code == 202, response.text
+        assert server.proc.poll() is None
     finally:
         (tmp_path / "kept-keys.json").rename(key_file)
         server.proc.send_signal(signal.SIGTERM)
