@@ -467,9 +467,11 @@ def cmd_restore(args: argparse.Namespace) -> int:
     # otherwise delete it with the old directory; one elsewhere stays put.
     inside = key_file.relative_to(data_dir).as_posix() if key_file.is_relative_to(data_dir) else None
     carry = ((DEFAULT_NAME, inside),) if inside else ()
-    owner = data_dir.stat() if data_dir.exists() else None
+    # Root restoring the service's directory: it stays the service's (helper-92); a new
+    # one takes its parent's owner, as a first key file does (helper-93: it was root's).
+    owner = data_dir.stat() if data_dir.exists() else data_dir.parent.stat() if data_dir.parent.exists() else None
     manifest, node_id = restore(Path(args.src), data_dir, force=args.force, carry_files=carry)
-    if owner is not None:  # (root restoring the service's directory: it stays the service's; helper-92)
+    if owner is not None:
         keep_directory_owner(data_dir, owner, with_directory=True, also=(inside,) if inside else ())
     # The manifest's nodeId is the backed-up node's; the restored directory has its own.
     print(_json.encode({**msgspec.to_builtins(manifest), "restoredNodeId": node_id}).decode())

@@ -263,6 +263,12 @@ def test_a_command_run_by_root_leaves_the_environment_files_the_service_users(tm
     assert {(path.name, path.stat().st_uid) for path in (data_dir, *data_dir.iterdir())} >= {
         ("data", service_user), ("data.mdb", service_user)}
     assert all(path.stat().st_uid == service_user for path in (data_dir, *data_dir.iterdir()))
+    # Into a directory that is not there yet, it takes its parent's owner (helper-93: root's).
+    parent = tmp_path / "svc"
+    parent.mkdir()
+    os.chown(parent, service_user, service_user)
+    run_cli("restore", str(tmp_path / "bk"), data_dir=parent / "data")
+    assert all(path.stat().st_uid == service_user for path in (parent / "data", *(parent / "data").iterdir()))
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another user")
