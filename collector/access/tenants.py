@@ -254,7 +254,7 @@ MAX_NAME_BYTES = 200
 MAX_RATE_LIMIT = 1_000_000_000  # requests/s: past any node; 1e308 made bucket arithmetic inf
 
 
-_TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d+)?)?([Zz]|[+-]\d{2}(:?\d{2})?)?")
+_TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}(:\d{2}(\.\d+)?)?([Zz]|[+-]\d{2}(:?\d{2})?)?")
 
 
 def _is_iso_timestamp(text: str) -> bool:
@@ -262,7 +262,7 @@ def _is_iso_timestamp(text: str) -> bool:
     if not _TIMESTAMP.fullmatch(text):
         return False
     try:
-        datetime.datetime.fromisoformat(text.replace("z", "Z"))
+        datetime.datetime.fromisoformat(text.replace("z", "Z").replace("t", "T"))
     except ValueError:
         return False
     return True

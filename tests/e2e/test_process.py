@@ -174,7 +174,8 @@ def test_cli_tenants_import_list_and_errors(tmp_path: Path) -> None:
     lenient.write_text("\ufeff" + json.dumps({"keys": [
         {"key": "cs_live_lenient00", "clientId": "l", "billingAccount": "", "plan": "",
          "createdAt": "2026-11-01T00:00:00z"},
-        {"key": "cs_mob_lenient00", "clientId": "l", "keyType": "mobile", "sites": [{"siteId": "a", "domains": ["l.com"]}]},
+        {"key": "cs_mob_lenient00", "clientId": "l", "keyType": "mobile", "sites": [{"siteId": "a", "domains": ["l.com"]}],
+         "createdAt": "2026-11-01t00:00:00+05:30"},  # (RFC 3339 allows a lowercase t: helper-93)
     ]}))
     assert run_cli("tenants", "import", str(lenient), data_dir=data_dir).returncode == 0
     # A space inside a key is legal in a header, and was accepted before: still is.
