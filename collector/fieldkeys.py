@@ -156,7 +156,7 @@ def refuse_a_lost_key_file(storage: Storage, path: Path) -> None:
     else:
         return
     raise KeyFileError(
-        f"field key file {path} {problem}, but this data directory's values were sealed with"
+        f"field key file {path} {problem}, but this data directory records sealing with"
         f" key {', '.join(recorded)}: put the right file back (`collector backup --with-field-keys`"
         " copies it). Nothing was changed"
     )

@@ -370,7 +370,7 @@ def test_a_restarted_worker_refuses_a_lost_key_file_as_a_start_does(tmp_path: Pa
         while time.monotonic() < deadline and "lacks key\n" not in server.log.read_text() \
                 and "is missing, but" not in server.log.read_text():
             time.sleep(0.2)
-        assert "is missing, but this data directory's values were sealed with key k1" in server.log.read_text()
+        assert "is missing, but this data directory records sealing with key k1" in server.log.read_text()
         assert not key_file.exists(), "a restarted worker made a fresh key file"
         # helper-93: that refusal was a traceback and a crash; five more took the node down
         deadline = time.monotonic() + 10
