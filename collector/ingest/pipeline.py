@@ -276,26 +276,54 @@ def _refuse_known_payment_data(body: bytes, events: list[AnyEvent | EventIssue])
     """
     opaque = list(opaque_values(events))  # type: ignore[arg-type]
     key_candidate = bool(opaque) and (has_card_key(object_keys(opaque)) or may_hide_card_key(body))
-    _refuse(lambda: scan_payment_data(body, card_candidate=has_card_candidate(body), key_candidate=key_candidate))
+    _refuse(lambda: scan_payment_data(body, card_candidate=has_card_candidate(body), key_candidate=key_candidate), body)
 
 
-def _refuse(scan: Callable[[], str | None]) -> None:
+def _refuse(scan: Callable[[], str | None], body: bytes) -> None:
     try:
         payment = scan()
     except UnscannableBody as exc:
         raise ServiceError("invalid_json", str(exc)) from None
     if payment is not None:
-        raise ServiceError(
+        index = _payment_event_index(body)
+        refusal = ServiceError(
             "prohibited_payment_data",
-            f"payment-instrument material is not accepted ({payment}); nothing was stored",
+            f"payment-instrument material is not accepted ({payment}"
+            f"{'' if index is None else f', in event {index}'}); nothing was stored",
         )
+        if index is not None:
+            refusal.extra["index"] = index
+        raise refusal
+
+
+def _payment_event_index(body: bytes) -> int | None:
+    """The first event of a batch that holds the payment material, when one does.
+
+    The refusal's `index`: an SDK drops that event and resends the rest (it had
+    to split the batch to find it). Only on the refusal path: each event is
+    scanned again alone. None for a single event, or material outside the events.
+    """
+    try:
+        decoded = msgspec.json.decode(body)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return None
+    events = decoded.get("events") if isinstance(decoded, dict) else None
+    if not isinstance(events, list) or len(events) > MAX_BATCH:
+        return None
+    for index, event in enumerate(events):
+        try:
+            if find_payment_data(msgspec.json.encode(event), event) is not None:
+                return index
+        except UnscannableBody:
+            return None
+    return None
 
 
 def refuse_payment_data(body: bytes, decoded: object | None = None) -> None:
     """Raise prohibited_payment_data when the request carries payment material anywhere."""
     if decoded is None:
         decoded = decode_json(body)
-    _refuse(lambda: find_payment_data(body, decoded))
+    _refuse(lambda: find_payment_data(body, decoded), body)
 
 
 def readable_client_time(timestamp: int | float | None) -> int | float | None:
@@ -348,9 +376,11 @@ def _content_hashes(event: AnyEvent, ctx: IngestContext) -> tuple[bytes, bytes, 
     return event_hashes(event)
 
 
-def _too_large(index: int, size: str) -> ServiceError:
+def _too_large(index: int, eid: str, size: str) -> ServiceError:
+    # `index` and `eid` as fields, not only in prose: an SDK drops that event and resends the rest
     return ServiceError(
-        "batch_too_large", f"event {index} is {size} bytes after enrichment, over {MAX_STORED_EVENT}"
+        "batch_too_large", f"event {index} is {size} bytes after enrichment, over {MAX_STORED_EVENT}",
+        index=index, eid=eid,
     )
 
 
@@ -430,7 +460,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
         if drop is None and isinstance(event, Form):
             floor = apply_form_floor(event, MAX_STORED_EVENT)
             if floor.too_large is not None:
-                raise _too_large(index, f"at least {floor.too_large}")
+                raise _too_large(index, eid, f"at least {floor.too_large}")
             drop, to_store, withheld = floor.drop_reason, floor.form, floor.withheld
         if drop is not None:
             dropped.append(DroppedEvent(index, eid, drop))
@@ -462,7 +492,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
             )
             stored = client_json[:-1] + b"," + enrichment[1:]
         if len(stored) > MAX_STORED_EVENT:
-            raise _too_large(index, str(len(stored)))
+            raise _too_large(index, eid, str(len(stored)))
         consent_state = None
         if isinstance(event, ConsentTransition):
             visitor = event.visitorId
@@ -496,6 +526,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
             "idempotency_required",
             "every event needs an _eid, or the request an Idempotency-Key header;"
             f" missing at index {', '.join(map(str, missing_ids))}",
+            indexes=missing_ids,
         )
     if rejected and not accepted and not dropped:
         if single:

@@ -90,7 +90,7 @@ async def test_idempotency_required_in_production(server: RunningServer) -> None
     del event["_eid"]
     response = await post(server, {"events": [pageview("ok"), event]})
     assert response.status_code == 400
-    assert response.json()["error"] == "idempotency_required"
+    assert (response.json()["error"], response.json()["indexes"]) == ("idempotency_required", [1])
     assert await outbox_dump(server.data_dir) == []
 
 
@@ -242,6 +242,7 @@ async def test_payment_data_refuses_the_whole_request(server: RunningServer) -> 
     response = await post(server, {"events": [pageview("pay1"), leaky]})
     assert response.status_code == 400
     assert response.json()["error"] == "prohibited_payment_data"
+    assert response.json()["index"] == 1  # which event, so an SDK can drop it and resend the rest (helper-94)
     assert await outbox_dump(server.data_dir) == []
 
 
@@ -387,9 +388,9 @@ async def test_raw_body_over_10mb(server: RunningServer) -> None:
 async def test_event_over_120000_bytes_after_enrichment(server: RunningServer) -> None:
     values = {f"field{i}": "v" * 9_000 for i in range(14)}
     event = pageview("big", type="form", action="submit", formId="f", fieldCount=14, values=values)
-    response = await post(server, event)
+    response = await post(server, {"events": [pageview("small"), event]})
     assert response.status_code == 413, response.text
-    assert response.json()["error"] == "batch_too_large"
+    assert (response.json()["error"], response.json()["index"], response.json()["eid"]) == ("batch_too_large", 1, "big")
 
 
 async def test_request_id_is_echoed_or_minted(server: RunningServer) -> None:
