@@ -85,9 +85,10 @@ def decode_translated(decoder: msgspec.json.Decoder[T], body: bytes, what: str) 
     except msgspec.ValidationError as exc:
         # One event failing returns details (spec 4.1 rule 2), as for /v1/events.
         message, _, where = str(exc).partition(" - at `")
+        path = where.rstrip("`") or "$"
+        # "{path}: {message}", as every other validation message of these routes reads
         raise ServiceError(
-            "validation_error", f"invalid {what}: {exc}",
-            details=[{"path": where.rstrip("`") or "$", "message": message}],
+            "validation_error", f"invalid {what}: {path}: {message}", details=[{"path": path, "message": message}]
         ) from None
     except msgspec.DecodeError:
         if (repaired := without_lone_surrogates(body)) is not body:  # (a string cut inside an emoji)

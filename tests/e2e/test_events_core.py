@@ -621,6 +621,9 @@ async def test_edge_pageview_errors_name_the_edge_fields_and_never_answer_500(se
     assert await details(userAgent="u" * 513) == [
         {"path": "$.userAgent", "message": "Expected `str` of length <= 512"}]
     assert [d["path"] for d in await details(url="javascript:alert(1)")] == ["$.url"]
+    # a type error reads as the others do, path first (helper-94: msgspec's own wording)
+    wrong = await server.client.post("/v1/edge/pageview", json={**body, "timestamp": "now"}, headers=H)
+    assert wrong.json()["message"] == "invalid edge pageview: $.timestamp: Expected `int | float | null`, got `str`"
     assert await outbox_dump(server.data_dir) == []
 
 
