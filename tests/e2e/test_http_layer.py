@@ -261,6 +261,16 @@ async def test_a_pipelined_request_sent_in_part_is_cut_at_the_read_timeout(
             assert await stream.receive_some() == b""
 
 
+def _h2_status(sock: socket.socket, conn: h2.connection.H2Connection) -> str:
+    """The status of the first answer on an HTTP/2 connection ("closed" if it ends first)."""
+    while data := sock.recv(65536):
+        for event in conn.receive_data(data):
+            if isinstance(event, h2.events.ResponseReceived):
+                return dict(event.headers)[b":status"].decode()
+        sock.sendall(conn.data_to_send())
+    return "closed"
+
+
 def _h2_request_after(base_url: str, wait: float) -> str:
     """HTTP/2 with prior knowledge: the preface, `wait` seconds of nothing, then GET /healthz."""
     url = urlsplit(base_url)
@@ -272,12 +282,7 @@ def _h2_request_after(base_url: str, wait: float) -> str:
         conn.send_headers(1, [(":method", "GET"), (":path", "/healthz"), (":authority", "x"), (":scheme", "http")],
                           end_stream=True)
         sock.sendall(conn.data_to_send())
-        while data := sock.recv(65536):
-            for event in conn.receive_data(data):
-                if isinstance(event, h2.events.ResponseReceived):
-                    return dict(event.headers)[b":status"].decode()
-            sock.sendall(conn.data_to_send())
-    return "closed"
+        return _h2_status(sock, conn)
 
 
 async def test_an_http2_connection_waits_for_its_first_request_like_an_idle_one(
@@ -368,12 +373,7 @@ def _h2_post(base_url: str, body: bytes) -> str:
                               ("content-type", "application/json"), ("content-length", str(len(body)))])
         conn.send_data(1, body, end_stream=True)
         sock.sendall(conn.data_to_send())
-        while data := sock.recv(65536):
-            for event in conn.receive_data(data):
-                if isinstance(event, h2.events.ResponseReceived):
-                    return dict(event.headers)[b":status"].decode()
-            sock.sendall(conn.data_to_send())
-    return "closed"
+        return _h2_status(sock, conn)
 
 
 async def test_an_http2_client_that_stalls_is_cut_at_the_read_timeout(nursery: trio.Nursery, tmp_path: Path) -> None:
