@@ -501,13 +501,14 @@ class Connection(TCPServer):
                     data = b""
             self._read_scope = None
             if scope.cancelled_caught:  # read_timeout or request_timeout inside a request
-                if isinstance(self.protocol.protocol, H2Protocol):
-                    if not self._http2_stalled():
-                        continue
+                stalled_http2 = isinstance(self.protocol.protocol, H2Protocol)
+                if stalled_http2 and not self._http2_stalled():
+                    continue
+                self._mark_cut()  # (before the close: it reads the peer's address)
+                if stalled_http2:
                     # (an answer held back by the window would keep the socket open
                     # until request_timeout cancels its handler: the client is cut now)
                     await trio.aclose_forcefully(self.stream)
-                self._mark_cut()
                 break
             self._last_data = trio.current_time()
             if data and self._idle and self._head_began is None and not isinstance(self.protocol.protocol, H2Protocol):
@@ -520,6 +521,13 @@ class Connection(TCPServer):
         self._reading_done = True
         self._idle_watch.end()
         await self.protocol.handle(Closed())
+        protocol = self.protocol.protocol
+        if isinstance(protocol, H2Protocol):
+            # hypercorn ends an HTTP/2 connection's streams but not their send buffers:
+            # an answer waiting for the client's window waited for request_timeout
+            # below, unlogged until then. Its send ends now, as HTTP/1.1's does.
+            for buffer in list(protocol.stream_buffers.values()):
+                await buffer.close()
         # The client is gone. What still runs for it (a request being answered)
         # gets request_timeout to finish, then is cancelled: an HTTP/2 answer to a
         # client that closed waited forever for its stream buffer to drain, and the

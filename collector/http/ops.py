@@ -113,10 +113,15 @@ def _route(
             status, body, headers = await answer()
             services.metrics.count_request(path, status)
             headers.append(("X-Request-ID", request.request_id))
-            await send_response(
-                send, status, body, headers, content_type, head=request.method == "HEAD"
-            )
             code = None if status < 400 else "not_ready"
+            try:
+                await send_response(
+                    send, status, body, headers, content_type, head=request.method == "HEAD"
+                )
+            finally:  # (an answer cut off while sent is still a request answered: helper-93)
+                if services.settings.access_log:
+                    log_request(request, path, status, code, None, started)
+            return
         if services.settings.access_log:
             log_request(request, path, status, code, None, started)
 

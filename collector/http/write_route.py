@@ -254,8 +254,10 @@ def make_write_handler(
         if status >= 400 and not await body.finish(request):
             headers.append(("Connection", "close"))
         services.metrics.count_request(route, status)
-        await send_response(send, status, answer, headers)
-        if access_log:
-            log_request(request, route, status, error_code, seen.client_id, started)
+        try:
+            await send_response(send, status, answer, headers)
+        finally:  # (an answer cut off while sent is still a request answered: helper-93)
+            if access_log:
+                log_request(request, route, status, error_code, seen.client_id, started)
 
     return handle

@@ -376,13 +376,26 @@ def _h2_post(base_url: str, body: bytes) -> str:
         return _h2_status(sock, conn)
 
 
-async def test_an_http2_client_that_stalls_is_cut_at_the_read_timeout(nursery: trio.Nursery, tmp_path: Path) -> None:
+async def test_an_http2_client_that_stalls_is_cut_at_the_read_timeout(
+    nursery: trio.Nursery, tmp_path: Path, access_lines: Callable[[], list[dict[str, Any]]]
+) -> None:
     # helper-93: with HTTP/2 reads unbounded, part of a body or a window of zero held
     # the connection and its handler for ever (150 s and counting).
-    server = await start_server(nursery, tmp_path, read_timeout=1, request_timeout=60, keep_alive_timeout=60)
+    server = await start_server(
+        nursery, tmp_path, read_timeout=1, request_timeout=60, keep_alive_timeout=60, access_log=True
+    )
     for how in ("body", "window"):
         closed_after = await trio.to_thread.run_sync(_h2_stall, server.base_url, how)
         assert closed_after is not None and closed_after < 4, (how, closed_after)
+    # each logged: the body cut for being slow (408, not 499: the server cut it), and
+    # the answer the window held back (it had no line at all)
+    lines: list[tuple[str, int]] = []
+    for _ in range(50):  # (a route writes its line once it hears of the close)
+        lines += [(line["route"], line["status"]) for line in access_lines()]
+        if len(lines) >= 2:
+            break
+        await trio.sleep(0.1)
+    assert sorted(lines) == [("/metrics", 200), ("/v1/events", 408)], lines
     # while a client that waits for a slow answer (its request all sent) is not cut
     holder = await trio.to_thread.run_sync(_hold_the_write_lock, server.data_dir, 3)
     try:
