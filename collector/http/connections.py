@@ -337,6 +337,8 @@ class Connection(TCPServer):
     _idle = True  # no request in progress (hypercorn starts the idle task before reading)
     _request_began = 0.0  # when the request in progress began (its first byte)
     _last_data = 0.0  # when data last arrived (HTTP/2's stall check)
+    _http2_opened: dict[int, float]  # HTTP/2 stream id -> when the stall check first saw it
+    _http2_next_check = -math.inf
     _head_began: float | None = None  # when the first byte of a request head not yet whole came
     _cut_peer: tuple[str, int] | None = None  # in CUT_BY_TIMEOUT while this connection lasts
     _reading_done = False
@@ -357,6 +359,7 @@ class Connection(TCPServer):
         self._sends = sends if sends is not None else OpenSends()
         self._request_timeout = request_timeout
         self._unrouted = unrouted
+        self._http2_opened = {}
 
     async def protocol_send(self, event: Event) -> None:
         if isinstance(event, RawData):
@@ -454,10 +457,23 @@ class Connection(TCPServer):
         zero that holds back its answer, then held the connection and its
         handler for ever (helper-93).
         """
-        read_timeout = self.config.read_timeout
-        if not read_timeout or trio.current_time() - self._last_data < read_timeout:
+        protocol: H2Protocol = self.protocol.protocol  # type: ignore[assignment]
+        now = trio.current_time()
+        # when each stream was first seen open: a client that keeps the connection
+        # busy (PINGs, a window widened a byte at a time) is still bounded by
+        # request_timeout for each stream it holds up
+        opened = self._http2_opened
+        for stream_id in [s for s in opened if s not in protocol.connection.streams]:
+            del opened[stream_id]
+        for stream_id in protocol.connection.streams:
+            opened.setdefault(stream_id, now)
+        held = _held_up_http2_streams(protocol)
+        if not held:
             return False
-        return _client_holds_up_http2(self.protocol.protocol)  # type: ignore[arg-type]
+        read_timeout = self.config.read_timeout
+        if read_timeout and now - self._last_data >= read_timeout:
+            return True
+        return any(now - opened[stream_id] >= self._request_timeout for stream_id in held)
 
     def _read_deadline(self) -> float:
         per_read = trio.current_time() + self.config.read_timeout if self.config.read_timeout else math.inf
@@ -479,7 +495,12 @@ class Connection(TCPServer):
             # data sets a new deadline.
             if not protocol.connection.streams:
                 return math.inf  # the idle task's keep_alive_timeout bounds the wait
-            return trio.current_time() + HTTP2_STALL_CHECK_S
+            # (a fixed schedule, not a deadline from the last read: a client sending
+            # PINGs would otherwise never be looked at)
+            now = trio.current_time()
+            if self._http2_next_check <= now:
+                self._http2_next_check = now + HTTP2_STALL_CHECK_S
+            return self._http2_next_check
         if protocol.connection.their_state is not h11.SEND_BODY:
             # The request has all arrived: the server is answering it, and a client
             # waiting for its answer sends nothing. A slow answer (a busy disk) cut the
@@ -543,20 +564,20 @@ HTTP2_STALL_CHECK_S = 1.0  # how often a silent HTTP/2 connection with open stre
 _STILL_ARRIVING = (StreamState.OPEN, StreamState.HALF_CLOSED_LOCAL)  # the client has not ended the stream
 
 
-def _client_holds_up_http2(protocol: H2Protocol) -> bool:
-    """A request still arriving, or an answer held back by the client's flow-control window."""
+def _held_up_http2_streams(protocol: H2Protocol) -> list[int]:
+    """Streams whose request is still arriving, or whose answer the client's flow-control window holds back."""
     connection = protocol.connection
+    held = []
     for stream_id, stream in list(connection.streams.items()):
         if stream.state_machine.state in _STILL_ARRIVING:
-            return True
+            held.append(stream_id)
+            continue
         buffer = protocol.stream_buffers.get(stream_id)
         if buffer is not None and buffer.buffer:
-            try:
+            with contextlib.suppress(h2.exceptions.StreamClosedError):
                 if connection.local_flow_control_window(stream_id) <= 0:
-                    return True
-            except h2.exceptions.StreamClosedError:
-                continue
-    return False
+                    held.append(stream_id)
+    return held
 
 
 def _is_final_response_head(data: bytes) -> bool:

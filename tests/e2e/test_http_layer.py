@@ -335,8 +335,9 @@ async def test_an_answer_slower_than_the_read_timeout_is_sent_and_the_connection
 def _h2_stall(base_url: str, how: str) -> float | None:
     """Seconds until the server closes an HTTP/2 connection the client stalls (None: open after 10 s).
 
-    `body`: a POST whose body stops after 20 of its 100 bytes; `window`: a client
-    window of zero, so the answer to a GET /metrics cannot be sent.
+    `body`: a POST whose body stops after 20 of its 100 bytes (`pings`: and then a
+    PING every 0.3 s); `window`: a client window of zero, so the answer to a GET
+    /metrics cannot be sent.
     """
     url = urlsplit(base_url)
     with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
@@ -345,7 +346,7 @@ def _h2_stall(base_url: str, how: str) -> float | None:
         conn.local_settings = h2.settings.Settings(client=True, initial_values=settings)
         conn.initiate_connection()
         head = [(":authority", "x"), (":scheme", "http")]
-        if how == "body":
+        if how in ("body", "pings"):
             conn.send_headers(1, [(":method", "POST"), (":path", "/v1/events"), *head,
                                   ("x-api-key", BROWSER_KEY), ("origin", "https://acme.com"), ("content-length", "100")])
             conn.send_data(1, b"x" * 20)
@@ -353,8 +354,20 @@ def _h2_stall(base_url: str, how: str) -> float | None:
             conn.send_headers(1, [(":method", "GET"), (":path", "/metrics"), *head], end_stream=True)
         sock.sendall(conn.data_to_send())
         started = time.monotonic()
+        if how == "pings":
+            sock.settimeout(0.3)
         try:
-            while data := sock.recv(65536):
+            while True:
+                try:
+                    data = sock.recv(65536)
+                except TimeoutError:
+                    if time.monotonic() - started >= 10:
+                        raise
+                    conn.ping(b"12345678")
+                    sock.sendall(conn.data_to_send())
+                    continue
+                if not data:
+                    break
                 conn.receive_data(data)
                 sock.sendall(conn.data_to_send())  # (acknowledges settings; grants no window)
         except (TimeoutError, OSError):
@@ -382,20 +395,23 @@ async def test_an_http2_client_that_stalls_is_cut_at_the_read_timeout(
     # helper-93: with HTTP/2 reads unbounded, part of a body or a window of zero held
     # the connection and its handler for ever (150 s and counting).
     server = await start_server(
-        nursery, tmp_path, read_timeout=1, request_timeout=60, keep_alive_timeout=60, access_log=True
+        nursery, tmp_path, read_timeout=1, request_timeout=3, keep_alive_timeout=60, access_log=True
     )
     for how in ("body", "window"):
         closed_after = await trio.to_thread.run_sync(_h2_stall, server.base_url, how)
-        assert closed_after is not None and closed_after < 4, (how, closed_after)
+        assert closed_after is not None and closed_after < 3, (how, closed_after)
+    # PINGs are data, but the stalled request is still bounded by request_timeout
+    closed_after = await trio.to_thread.run_sync(_h2_stall, server.base_url, "pings")
+    assert closed_after is not None and 3 <= closed_after < 6, closed_after
     # each logged: the body cut for being slow (408, not 499: the server cut it), and
     # the answer the window held back (it had no line at all)
     lines: list[tuple[str, int]] = []
     for _ in range(50):  # (a route writes its line once it hears of the close)
         lines += [(line["route"], line["status"]) for line in access_lines()]
-        if len(lines) >= 2:
+        if len(lines) >= 3:
             break
         await trio.sleep(0.1)
-    assert sorted(lines) == [("/metrics", 200), ("/v1/events", 408)], lines
+    assert sorted(lines) == [("/metrics", 200), ("/v1/events", 408), ("/v1/events", 408)], lines
     # while a client that waits for a slow answer (its request all sent) is not cut
     holder = await trio.to_thread.run_sync(_hold_the_write_lock, server.data_dir, 3)
     try:
