@@ -48,6 +48,9 @@ def hold_standard_descriptors() -> None:
             if held != fd:  # (the lowest free number: fd itself, unless an earlier one was free too)
                 os.dup2(held, fd)
                 os.close(held)
+            # Python opens files close-on-exec: `--workers` children would start with
+            # the number free again (helper-97: a child's stderr was a socket of its own)
+            os.set_inheritable(fd, True)
 
 
 def report_fatal_signals() -> None:

@@ -381,7 +381,14 @@ def _die_with_parent(parent: int) -> None:
 
 
 def child_main(argv: list[str] | None = None) -> int:
-    from collector.runtime import defer_stop_signals, report_fatal_signals, tune_gc
+    from collector.runtime import (
+        defer_stop_signals,
+        hold_standard_descriptors,
+        report_fatal_signals,
+        tune_gc,
+    )
+
+    hold_standard_descriptors()  # (the parent's are passed on; this is for a child started otherwise)
 
     # The parent forwards SIGTERM and systemd (KillMode=control-group) may send
     # its own: neither may kill the child with the default action, nor be lost

@@ -795,17 +795,21 @@ def test_a_closed_or_full_stdout_is_told_apart_from_the_commands_own_errors(tmp_
         assert serve.wait(timeout=15) == 0
 
 
-def test_a_service_started_with_stdout_and_stderr_closed_keeps_its_files_off_fd_1_and_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_service_started_with_stdout_and_stderr_closed_keeps_its_files_off_fd_1_and_2(
+    tmp_path: Path, workers: int
+) -> None:
     # With `2>&-` the next file opened took fd 2: data.mdb, where log lines, faulthandler
-    # and LMDB's assertion messages write.
+    # and LMDB's assertion messages write. The `--workers` children started with fd 0
+    # and 2 closed again (helper-97: a child's log lines went into a socket of its own).
     data_dir = tmp_path / "data"
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     serve = subprocess.Popen(
         [sys.executable, "-m", "collector", "serve", "--bind", f"127.0.0.1:{port}", "--data-dir", str(data_dir),
-         "--env", "development", "--demo"],
-        stdin=subprocess.DEVNULL, preexec_fn=lambda: (os.close(1), os.close(2)))
+         "--env", "development", "--demo", "--workers", str(workers)],
+        preexec_fn=lambda: (os.close(0), os.close(1), os.close(2)))
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -816,8 +820,11 @@ def test_a_service_started_with_stdout_and_stderr_closed_keeps_its_files_off_fd_
                 pass
             assert time.monotonic() < deadline and serve.poll() is None, "the service did not start"
             time.sleep(0.1)
-        for fd in (1, 2):
-            assert os.readlink(f"/proc/{serve.pid}/fd/{fd}") == os.devnull
+        children = Path(f"/proc/{serve.pid}/task/{serve.pid}/children").read_text().split()
+        assert len(children) == (workers if workers > 1 else 0)
+        for pid in (serve.pid, *map(int, children)):
+            for fd in (0, 2) if pid != serve.pid else (0, 1, 2):  # (a child's fd 1 is its pipe to the parent)
+                assert os.readlink(f"/proc/{pid}/fd/{fd}") == os.devnull, (pid, fd)
     finally:
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(timeout=15) == 0
