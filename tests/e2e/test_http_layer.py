@@ -412,6 +412,8 @@ async def test_an_http2_client_that_stalls_is_cut_at_the_read_timeout(
             break
         await trio.sleep(0.1)
     assert sorted(lines) == [("/metrics", 200), ("/v1/events", 408), ("/v1/events", 408)], lines
+    # and their places under max_connections are free at once (helper-97: for request_timeout)
+    assert "collector_connections_open 1.0" in (await server.client.get("/metrics")).text  # (this one)
     # while a client that waits for a slow answer (its request all sent) is not cut
     holder = await trio.to_thread.run_sync(_hold_the_write_lock, server.data_dir, 3)
     try:
