@@ -468,11 +468,14 @@ def cmd_restore(args: argparse.Namespace) -> int:
     inside = key_file.relative_to(data_dir).as_posix() if key_file.is_relative_to(data_dir) else None
     carry = ((DEFAULT_NAME, inside),) if inside else ()
     # Root restoring the service's directory: it stays the service's (helper-92); a new
-    # one takes its parent's owner, as a first key file does (helper-93: it was root's).
-    owner = data_dir.stat() if data_dir.exists() else data_dir.parent.stat() if data_dir.parent.exists() else None
+    # one, and the directories made for it, take the owner of the nearest one that was
+    # there, as a first key file does (helpers 93, 97: they were root's).
+    existing = next(path for path in (data_dir, *data_dir.parents) if path.exists())
+    owner, made = existing.stat(), [path for path in data_dir.parents if not path.exists()]
     manifest, node_id = restore(Path(args.src), data_dir, force=args.force, carry_files=carry)
-    if owner is not None:
-        keep_directory_owner(data_dir, owner, with_directory=True, also=(inside,) if inside else ())
+    keep_directory_owner(data_dir, owner, with_directory=True, also=(inside,) if inside else ())
+    for directory in made:
+        keep_directory_owner(directory, owner, with_directory=True)
     # The manifest's nodeId is the backed-up node's; the restored directory has its own.
     print(_json.encode({**msgspec.to_builtins(manifest), "restoredNodeId": node_id}).decode())
     if inside and not key_file.is_file():

@@ -268,8 +268,9 @@ def test_a_command_run_by_root_leaves_the_environment_files_the_service_users(tm
     parent = tmp_path / "svc"
     parent.mkdir()
     os.chown(parent, service_user, service_user)
-    run_cli("restore", str(tmp_path / "bk"), data_dir=parent / "data")
-    assert all(path.stat().st_uid == service_user for path in (parent / "data", *(parent / "data").iterdir()))
+    run_cli("restore", str(tmp_path / "bk"), data_dir=parent / "made" / "data")  # (two levels new: helper-97)
+    restored = parent / "made" / "data"
+    assert all(path.stat().st_uid == service_user for path in (parent / "made", restored, *restored.iterdir()))
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another user")
