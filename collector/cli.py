@@ -355,7 +355,7 @@ def cmd_visitors_show(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_rotate_field_key(args: argparse.Namespace) -> int:
-    from collector.fieldkeys import key_file_path, refuse_a_lost_key_file, rotate
+    from collector.fieldkeys import key_file_path, key_prints, refuse_a_lost_key_file, rotate
     from storage.field_key_ids import record_key_ids, recorded_key_ids
 
     settings = _settings_from(args)
@@ -369,7 +369,7 @@ def cmd_keys_rotate_field_key(args: argparse.Namespace) -> int:
         new_id = rotate(key_file_path(settings), recorded_key_ids(storage))
         # Recorded at once (after the file has it: a start refuses a file lacking a
         # recorded id): a worker restarted before the next start of serve seals with it.
-        record_key_ids(storage, [new_id])
+        record_key_ids(storage, [new_id], key_prints(key_file_path(settings)))
     print(new_id)
     return 0
 

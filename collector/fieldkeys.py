@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import os
 import stat
 from collections.abc import Iterable
@@ -27,7 +28,7 @@ from collector.ingest.sealing import FieldSealer
 from collector.settings import Settings
 from storage.env import Storage
 from storage.errors import UNREADABLE_RECORD
-from storage.field_key_ids import record_key_ids, recorded_key_ids
+from storage.field_key_ids import record_key_ids, recorded_key_ids, recorded_key_prints
 
 DEFAULT_NAME = "field-keys.json"
 
@@ -133,8 +134,16 @@ def serving_sealer(storage: Storage, path: Path) -> FieldSealer:
     """
     refuse_a_lost_key_file(storage, path)
     sealer = load_or_create(path)  # (KeyFileError for a file that is not valid)
-    record_key_ids(storage, sealer.key_ids)
+    record_key_ids(storage, sealer.key_ids, key_prints(path))
     return sealer
+
+
+def key_prints(path: Path) -> dict[str, str]:
+    """Key id -> a fingerprint of the key file's key (a digest: the key cannot be read from it)."""
+    return {
+        kid: hashlib.blake2b(value.encode(), digest_size=8, person=b"fieldkeyprint").hexdigest()
+        for kid, value in _read(path).keys.items()
+    }
 
 
 def settle_key_file(storage: Storage, path: Path) -> None:
@@ -153,6 +162,10 @@ def refuse_a_lost_key_file(storage: Storage, path: Path) -> None:
         problem = "is missing"
     elif lacking := sorted(set(recorded) - set(_read(path).keys)):
         problem = f"lacks key {', '.join(lacking)}"
+    elif other := sorted(
+        kid for kid, made in key_prints(path).items() if recorded_key_prints(storage).get(kid, made) != made
+    ):
+        problem = f"holds another key under {', '.join(other)} (another installation's file?)"
     else:
         return
     raise KeyFileError(

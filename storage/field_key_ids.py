@@ -16,6 +16,9 @@ from storage.env import Storage
 from storage.errors import UNREADABLE_RECORD, mapped_lmdb_errors
 
 FIELD_KEY_IDS = b"field_key_ids"  # meta: JSON list of every key id the key file has held
+# meta: JSON {key id: fingerprint} of the key first seen under each id: another
+# install's key file, whose k1 is another key, is refused too (helper-97)
+FIELD_KEY_PRINTS = b"field_key_prints"
 
 
 def recorded_key_ids(storage: Storage) -> list[str]:
@@ -29,8 +32,19 @@ def recorded_key_ids(storage: Storage) -> list[str]:
         return ["(unreadable record)"]  # something was recorded: a missing file is still refused
 
 
-def record_key_ids(storage: Storage, key_ids: list[str]) -> None:
-    """Add `key_ids` to the recorded ones (written only when that changes them)."""
+def recorded_key_prints(storage: Storage) -> dict[str, str]:
+    """Key id -> the fingerprint of the key first recorded under it ({} before any, or unreadable)."""
+    with mapped_lmdb_errors(), storage.read() as txn:
+        raw = txn.get(FIELD_KEY_PRINTS, db=storage.dbs.meta)
+    try:
+        return msgspec.json.decode(bytes(raw), type=dict[str, str]) if raw is not None else {}
+    except UNREADABLE_RECORD:
+        return {}
+
+
+def record_key_ids(storage: Storage, key_ids: list[str], prints: dict[str, str] | None = None) -> None:
+    """Add `key_ids` to the recorded ones, and `prints` for ids that have none yet
+    (written only when that changes them)."""
 
     def merge(txn: lmdb.Transaction) -> None:
         raw = txn.get(FIELD_KEY_IDS, db=storage.dbs.meta)
@@ -41,5 +55,13 @@ def record_key_ids(storage: Storage, key_ids: list[str]) -> None:
         merged = sorted({*known, *key_ids})
         if merged != known:
             txn.put(FIELD_KEY_IDS, msgspec.json.encode(merged), db=storage.dbs.meta)
+        if prints:
+            raw = txn.get(FIELD_KEY_PRINTS, db=storage.dbs.meta)
+            try:
+                had = msgspec.json.decode(bytes(raw), type=dict[str, str]) if raw is not None else {}
+            except UNREADABLE_RECORD:
+                had = {}
+            if set(prints) - set(had):
+                txn.put(FIELD_KEY_PRINTS, msgspec.json.encode({**prints, **had}), db=storage.dbs.meta)
 
     storage.write_transaction(merge)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -228,6 +229,11 @@ def test_a_lost_field_key_file_stops_the_start_and_is_not_replaced(tmp_path: Pat
     refused = run_cli("serve", "--bind", "127.0.0.1:0", "--workers", "2", data_dir=server.data_dir, check=False)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
     assert refused.stderr.splitlines()[-1].startswith("collector: field key file") and "is not valid" in refused.stderr
+    # Another installation's file: the same id k1, another key (helper-97: it was taken).
+    key_file.write_text(json.dumps({"active": "k1", "keys": {"k1": base64.b64encode(os.urandom(32)).decode()}}))
+    for argv in (["serve", "--bind", "127.0.0.1:0"], ["keys", "rotate-field-key"]):
+        refused = run_cli(*argv, data_dir=server.data_dir, check=False)
+        assert refused.returncode == 2 and "holds another key under k1" in refused.stderr, refused.stderr
     key_file.write_bytes(kept)
     server = ServerProcess(tmp_path)  # the file back: it starts
     assert server.stop() == 0
