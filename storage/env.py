@@ -179,7 +179,7 @@ class Storage:
         grew meanwhile (`serve` taking events beside the command) is adopted,
         then `body` runs again from the start.
         """
-        with mapped_lmdb_errors():
+        with mapped_lmdb_errors(str(self.path)):
             while True:
                 try:
                     with self._resize_lock, self.env.begin(write=True) as txn:

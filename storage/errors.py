@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
@@ -33,21 +34,55 @@ class FormatError(StorageError):
     """The data directory holds a storage format this version cannot use."""
 
 
-def is_full(exc: lmdb.Error) -> bool:
-    """Whether LMDB failed for lack of room: a map at its cap, or a disk out of space."""
+def is_full(exc: lmdb.Error, path: str | None = None) -> bool:
+    """Whether LMDB failed for lack of room: a map at its cap, or a disk out of space.
+
+    With `path` (the data directory), an I/O error on a disk with (almost) nothing
+    left counts too: LMDB reports a write that came up short, which is how a
+    filling disk shows, as EIO (helper-98: "Input/output error", and the
+    retention sweep never took its full-map path).
+    """
     message = str(exc)
-    return isinstance(exc, lmdb.MapFullError | lmdb.DiskError) or any(
+    if isinstance(exc, lmdb.MapFullError | lmdb.DiskError) or any(
         sign in message for sign in ("No space left", "ENOSPC", "MDB_MAP_FULL")
-    )
+    ):
+        return True
+    return path is not None and "Input/output error" in message and disk_nearly_full(path)
+
+
+FULL_BELOW_BYTES = 1024 * 1024
+
+
+def disk_nearly_full(path: str) -> bool:
+    """Under 1 MiB left for this process on the filesystem holding `path`."""
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return False
+    blocks = stat.f_bfree if os.geteuid() == 0 else stat.f_bavail  # (root may use the reserve)
+    return blocks * stat.f_frsize < FULL_BELOW_BYTES
+
+
+def describe_full(exc: lmdb.Error, path: str | None) -> str:
+    """The message of a StorageFull: LMDB's, and what it means when LMDB said EIO."""
+    message = str(exc)
+    if "Input/output error" in message:
+        return f"{message}: the disk holding {path} is full (a write came up short)"
+    return message
 
 
 @contextlib.contextmanager
-def mapped_lmdb_errors() -> Iterator[None]:
-    """Map LMDB's exceptions to StorageError at the storage boundary (one table)."""
+def mapped_lmdb_errors(path: str | None = None) -> Iterator[None]:
+    """Map LMDB's exceptions to StorageError at the storage boundary (one table).
+
+    `path`: the data directory, to tell a full disk from other I/O errors.
+    """
     try:
         yield
     except lmdb.Error as exc:
-        raise (StorageFull if is_full(exc) else StorageError)(str(exc)) from exc
+        if is_full(exc, path):
+            raise StorageFull(describe_full(exc, path)) from exc
+        raise StorageError(str(exc)) from exc
     except OSError as exc:
         raise StorageError(str(exc)) from exc
 

@@ -27,7 +27,7 @@ import msgspec
 import trio
 
 from storage.env import Storage
-from storage.errors import StorageError, StorageFull, WriterBusy, is_full
+from storage.errors import StorageError, StorageFull, WriterBusy, describe_full, is_full
 from storage.outbox import NEXT_SEQ, Appended
 from storage.throttled_log import ThrottledLog
 
@@ -260,8 +260,10 @@ class GroupCommitWriter:
                 self._fail(pending, StorageFull("the data directory is full"))
                 return
             except lmdb.Error as exc:
-                message = str(exc)
-                error: StorageError = StorageFull(message) if is_full(exc) else StorageError(message)
+                path = str(self.storage.path)
+                full = is_full(exc, path)
+                message = describe_full(exc, path) if full else str(exc)
+                error: StorageError = StorageFull(message) if full else StorageError(message)
                 _commit_failed("commit failed: %s", message, cause=message)
                 self._fail(pending, error)
                 return

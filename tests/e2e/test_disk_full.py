@@ -41,6 +41,8 @@ async def test_disk_full_then_space_returns(nursery: trio.Nursery, small_disk: P
     refused = await server.client.post("/v1/events", json={"events": events}, headers=H)
     assert refused.status_code == 503, refused.text
     assert refused.json()["error"] == "storage_unavailable"
+    # said as a full disk, whether LMDB saw ENOSPC or a short write (EIO: helper-98)
+    assert "No space left" in refused.json()["message"] or "is full" in refused.json()["message"], refused.text
     assert (await server.client.get("/healthz")).status_code == 200
     assert (await server.client.get("/readyz")).status_code == 503
     filler.unlink()
