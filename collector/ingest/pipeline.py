@@ -266,7 +266,7 @@ def _decode_typed(body: bytes) -> tuple[list[AnyEvent | EventIssue], bool] | Non
     return (events, False) if 1 <= len(events) <= MAX_BATCH else None
 
 
-def _refuse_known_payment_data(body: bytes, events: list[AnyEvent | EventIssue]) -> None:
+def _refuse_known_payment_data(body: bytes, events: list[AnyEvent | EventIssue], single: bool) -> None:
     """refuse_payment_data for a body the key probe vouched for (see prepare_batch).
 
     The probe looked at every member of every object, a repeated key's
@@ -276,16 +276,21 @@ def _refuse_known_payment_data(body: bytes, events: list[AnyEvent | EventIssue])
     """
     opaque = list(opaque_values(events))  # type: ignore[arg-type]
     key_candidate = bool(opaque) and (has_card_key(object_keys(opaque)) or may_hide_card_key(body))
-    _refuse(lambda: scan_payment_data(body, card_candidate=has_card_candidate(body), key_candidate=key_candidate), body)
+    _refuse(
+        lambda: scan_payment_data(body, card_candidate=has_card_candidate(body), key_candidate=key_candidate),
+        None if single else body,
+    )
 
 
-def _refuse(scan: Callable[[], str | None], body: bytes) -> None:
+def _refuse(scan: Callable[[], str | None], batch: bytes | None) -> None:
+    """Raise prohibited_payment_data if `scan` finds material; `batch`: the body, when
+    it is a batch of events whose refusal should name the event."""
     try:
         payment = scan()
     except UnscannableBody as exc:
         raise ServiceError("invalid_json", str(exc)) from None
     if payment is not None:
-        index = _payment_event_index(body)
+        index = _payment_event_index(batch) if batch is not None else None
         refusal = ServiceError(
             "prohibited_payment_data",
             f"payment-instrument material is not accepted ({payment}"
@@ -304,26 +309,38 @@ def _payment_event_index(body: bytes) -> int | None:
     scanned again alone. None for a single event, or material outside the events.
     """
     try:
-        decoded = msgspec.json.decode(body)
+        events = _raw_events_decoder.decode(body).events
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return None
-    events = decoded.get("events") if isinstance(decoded, dict) else None
-    if not isinstance(events, list) or len(events) > MAX_BATCH:
+    if len(events) > MAX_BATCH:
         return None
-    for index, event in enumerate(events):
+    for index, raw in enumerate(events):
+        # Each event's bytes as sent (a repeated key's every value, escapes and all),
+        # scanned as the whole body was (helper-98: a decoded copy kept only the last
+        # value of a repeated key, and the index named a later event).
         try:
-            if find_payment_data(msgspec.json.encode(event), event) is not None:
+            if find_payment_data(bytes(raw), msgspec.json.decode(raw)) is not None:
                 return index
-        except UnscannableBody:
+        except (UnscannableBody, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
             return None
     return None
 
 
-def refuse_payment_data(body: bytes, decoded: object | None = None) -> None:
-    """Raise prohibited_payment_data when the request carries payment material anywhere."""
+class _RawBatch(msgspec.Struct):
+    events: list[msgspec.Raw]
+
+
+_raw_events_decoder = msgspec.json.Decoder(_RawBatch)
+
+
+def refuse_payment_data(body: bytes, decoded: object | None = None, *, batch: bool = False) -> None:
+    """Raise prohibited_payment_data when the request carries payment material anywhere.
+
+    `batch`: the body is /v1/events' batch, whose refusal names the event (`index`).
+    """
     if decoded is None:
         decoded = decode_json(body)
-    _refuse(lambda: find_payment_data(body, decoded), body)
+    _refuse(lambda: find_payment_data(body, decoded), body if batch else None)
 
 
 def readable_client_time(timestamp: int | float | None) -> int | float | None:
@@ -401,11 +418,12 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
         # decoder would find, and the payment scan decodes it only if a
         # pre-filter fires (see keyprobe).
         events, single = typed
-        _refuse_known_payment_data(body, events)
+        _refuse_known_payment_data(body, events, single)
     else:
         # (a batch with one number out of range rejects the event holding it, not the batch)
         decoded = decode_json(body, out_of_range_numbers=True)
-        refuse_payment_data(body, decoded)
+        batch = isinstance(decoded, dict) and isinstance(decoded.get("events"), list) and "type" not in decoded
+        refuse_payment_data(body, decoded, batch=batch)
         events, single = _decode_events(body, decoded, typed)
     refuse_ambiguous_shape(body, decoded, single=single)
     # The server fields between "eid" and "bot", as Enrichment encodes them when

@@ -244,6 +244,21 @@ async def test_payment_data_refuses_the_whole_request(server: RunningServer) -> 
     assert response.json()["error"] == "prohibited_payment_data"
     assert response.json()["index"] == 1  # which event, so an SDK can drop it and resend the rest (helper-94)
     assert await outbox_dump(server.data_dir) == []
+    # never a wrong index (helper-98): a card behind a repeated key in event 0 named event 2
+    first = json.dumps(pageview("r0", type="custom", name="n", label="ok"))
+    first = first.replace('"label": "ok"', '"label": "4111 1111 1111 1111", "label": "ok"')
+    assert first.count('"label"') == 2
+    raw = ('{"events": [' + first + ", " + json.dumps(pageview("r1")) + ", " + json.dumps(leaky) + "]}").encode()
+    response = await post(server, None, raw=raw)
+    assert (response.status_code, response.json()["error"], response.json().get("index")) == (
+        400, "prohibited_payment_data", 0), response.text
+    # and none for a body that is not a batch, whatever it holds under "events"
+    for path, body in (("/v1/events", {**pageview("one"), "events": [{"a": 1}, {"b": "4111 1111 1111 1111"}]}),
+                       ("/v1/edge/pageview", {"visitorId": "v", "sessionId": "s", "url": "https://acme.com/",
+                                              "events": [{"a": 1}, {"b": "4111 1111 1111 1111"}]})):
+        response = await server.client.post(path, json=body, headers=H)
+        assert response.json()["error"] == "prohibited_payment_data" and "index" not in response.json(), (
+            path, response.text)
 
 
 async def test_payment_data_behind_a_repeated_key_refuses_the_request(server: RunningServer) -> None:
