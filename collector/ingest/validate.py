@@ -150,7 +150,19 @@ def denial_in_undecodable(raw: object) -> str | None:
     if not isinstance(consent, dict) or not isinstance(visitor, str):
         return None
     names = _IDENTITY_DENIAL_NAMES | ({"identityResolution"} if raw.get("type") == "_consent_transition" else set())
-    return visitor if any(consent.get(name) is False for name in names) else None
+    return visitor if any(_says_no(consent.get(name)) for name in names) else None
+
+
+_NO = frozenset({"false", "no", "0", "off", "denied"})
+
+
+def _says_no(value: object) -> bool:
+    """A refusal however the SDK wrote it: false, 0, or "false" (why the event did not decode)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int | float):
+        return value == 0
+    return isinstance(value, str) and value.strip().lower() in _NO
 
 
 # Built once: msgspec.json.decode(..., type=dict[str, str]) builds the type on every call.

@@ -564,6 +564,9 @@ async def test_a_denial_in_a_refused_transition_still_stops_the_identifies_after
     refused = [
         pageview("with-page", type="_consent_transition", consent=spelt),
         {**pageview("bad-time", type="_consent_transition", consent={**spelt, "timestamp": "now"}), "page": None},
+        # a refusal written as a string (helper-98: the identify was stored)
+        {**pageview("as-text", type="_consent_transition", consent={**spelt, "identityResolution": "false"}),
+         "page": None},
     ]
     for n, denial in enumerate(refused):
         who = pageview(f"who-{n}", type="identify", hem="a" * 64, rawEmail="a@b.co")
