@@ -51,7 +51,7 @@ class KeyRecord(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     name: str = ""
     plan: str = "free"
     # as written (5000 lists as 5000, not 5000.0)
-    rateLimit: Annotated[int, msgspec.Meta(gt=0)] | Annotated[float, msgspec.Meta(gt=0)] | None = None
+    rateLimit: int | float | None = None  # (more than 0: _check_entry, one message for both)
     createdAt: str = ""
     keyType: KeyType | None = None  # absent means browser
     permissions: list[str] = []
@@ -234,6 +234,10 @@ def _check_entry(record: KeyRecord, index: int) -> None:
     for n, site_id in enumerate(site_ids):
         if site_id in site_ids[:n]:  # (the second was unreachable: the first matched its domains)
             raise TenantsFileError(f"invalid tenants file: siteId {site_id!r} twice in one key - at {where}.sites[{n}]")
+    if record.rateLimit is not None and not record.rateLimit > 0:
+        raise TenantsFileError(
+            f"invalid tenants file: rateLimit {record.rateLimit} is not more than 0 requests/s - at {where}.rateLimit"
+        )
     if record.rateLimit is not None and record.rateLimit > MAX_RATE_LIMIT:
         raise TenantsFileError(
             f"invalid tenants file: rateLimit {record.rateLimit:,} is over {MAX_RATE_LIMIT:,} requests/s"

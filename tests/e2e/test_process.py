@@ -158,6 +158,7 @@ def test_cli_tenants_import_list_and_errors(tmp_path: Path) -> None:
                          ("sites.json", {"key": "cs_live_new0000000", "clientId": "n",
                                          "sites": [{"siteId": "w", "domains": ["a.com"]}, {"siteId": "w"}]}),
                          ("rate.json", {"key": "cs_live_new0000000", "clientId": "n", "rateLimit": 1e308}),
+                         ("rate0.json", {"key": "cs_live_new0000000", "clientId": "n", "rateLimit": 0}),
                          # helper-95: ids LMDB's 511-byte keys cannot start with (every ingest was a 503)
                          ("account.json", {"key": "cs_live_new0000000", "clientId": "n", "billingAccount": "a" * 600}),
                          ("client.json", {"key": "cs_live_new0000000", "clientId": "\U0001F600" * 128}),
