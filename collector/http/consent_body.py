@@ -90,12 +90,8 @@ def _name_every_unknown_field(body: bytes, error: ServiceError) -> None:
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return
     unknown = [name for name in members if name not in _BODY_FIELDS] if isinstance(members, dict) else []
-    if len(unknown) > 1:
-        found = ", ".join(f"`{name}`" for name in unknown)
-        raise ServiceError(
-            "validation_error", f"invalid consent body: Object contains unknown fields {found} - at `$`",
-            details=[{"path": f"$.{name}", "message": f"Object contains unknown field `{name}`"} for name in unknown],
-        ) from None
+    if unknown:
+        raise _unknown_fields("$", unknown) from None
 
 
 def refuse_unknown_choices(consent: dict[str, Any]) -> None:
@@ -106,11 +102,17 @@ def refuse_unknown_choices(consent: dict[str, Any]) -> None:
     """
     unknown = [name for name in consent if name not in CONSENT_FIELDS]
     if unknown:
-        found = ", ".join(f"`{name}`" for name in unknown)
-        raise ServiceError(
-            "validation_error", f"invalid consent body: Object contains unknown field {found} - at `$.consent`",
-            details=[{"path": f"$.consent.{name}", "message": f"Object contains unknown field `{name}`"} for name in unknown],
-        )
+        raise _unknown_fields("$.consent", unknown)
+
+
+def _unknown_fields(where: str, names: list[str]) -> ServiceError:
+    """One refusal naming every unknown field under `where`, path first as the route's other messages."""
+    details = [{"path": f"{where}.{name}", "message": f"Object contains unknown field `{name}`"} for name in names]
+    first = details[0]
+    more = f" (and {', '.join(f'`{name}`' for name in names[1:])})" if len(names) > 1 else ""
+    return ServiceError(
+        "validation_error", f"invalid consent body: {first['path']}: {first['message']}{more}", details=details
+    )
 
 
 def consent_to_event(

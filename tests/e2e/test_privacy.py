@@ -385,6 +385,11 @@ async def test_consent_route_refuses_misspelt_choices_and_an_empty_id(
     extra = {**misspelt, "consent": {"analytics": True}, "visitor_id": "vm", "session": "s"}
     response = await server.client.post("/v1/consent", json=extra, headers=ACME)
     assert [d["path"] for d in response.json()["details"]] == ["$.visitor_id", "$.session"], response.text
+    # one alone reads the same way, at its own path (helper-98: "$" and msgspec's wording)
+    one = {**misspelt, "consent": {"analytics": True}, "page": {}}
+    response = await server.client.post("/v1/consent", json=one, headers=ACME)
+    assert response.json()["details"] == [{"path": "$.page", "message": "Object contains unknown field `page`"}]
+    assert response.json()["message"] == "invalid consent body: $.page: Object contains unknown field `page`"
     empty_id = {"_eid": "", "visitorId": "vm", "consent": {"analytics": True, "identityResolution": False}}
     response = await server.client.post("/v1/consent", json=empty_id, headers=ACME)
     assert (response.status_code, response.json()["error"]) == (400, "validation_error"), response.text
