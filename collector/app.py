@@ -24,7 +24,7 @@ from hypercorn.trio.statsd import StatsdLogger
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState, LifespanState
 from hypercorn.utils import repr_socket_addr, wrap_app
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from quart_trio import QuartTrio
 
 from collector import systemd
@@ -204,7 +204,7 @@ def _stored_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
     yield from _meter_gauges(services)
 
 
-def _process_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
+def _process_gauges(services: Services) -> Iterator[Metric]:
     # per process: under `serve --workers N` every worker's, labelled worker="I" (collector/metrics_share.py)
     yield gauge("collector_worker_index", "Index of this worker process (0-based)", services.worker_index)
     # each process's own view of the map: a worker adopts another's growth at its next transaction
@@ -262,30 +262,35 @@ def _process_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
         )
     cache = services.keys.statistics()
     yield gauge("collector_key_cache_entries", "Key records cached", cache.entries)
-    yield gauge("collector_key_cache_hits", "Key lookups answered from the cache", cache.hits)
-    yield gauge("collector_key_cache_misses", "Key lookups that read storage", cache.misses)
-    yield gauge(
+    yield counter("collector_key_cache_hits", "Key lookups answered from the cache", cache.hits)
+    yield counter("collector_key_cache_misses", "Key lookups that read storage", cache.misses)
+    yield counter(
         "collector_key_cache_read_failures",
         "Key lookups whose storage read failed (answered 503, or from a stale entry)",
         cache.read_failures,
     )
     limiter = services.limiter.statistics()
     yield gauge("collector_rate_buckets", "Request-rate buckets held in memory", limiter.buckets)
-    yield gauge("collector_rate_checks", "Requests checked against a rate bucket", limiter.checks)
-    yield gauge("collector_rate_refusals", "Requests a rate bucket refused (429 rate_limit_exceeded)", limiter.refusals)
+    yield counter("collector_rate_checks", "Requests checked against a rate bucket", limiter.checks)
+    yield counter("collector_rate_refusals", "Requests a rate bucket refused (429 rate_limit_exceeded)", limiter.refusals)
     bots = services.bots.statistics()
-    yield gauge("collector_bot_agent_cache_hits", "User agents whose bot verdict was cached", bots.cache_hits)
-    yield gauge("collector_bot_agent_cache_misses", "User agents classified afresh", bots.cache_misses)
+    yield counter("collector_bot_agent_cache_hits", "User agents whose bot verdict was cached", bots.cache_hits)
+    yield counter("collector_bot_agent_cache_misses", "User agents classified afresh", bots.cache_misses)
     if services.retention is not None:
-        yield from _retention_gauges(services.retention)
+        yield from _retention_families(services.retention)
 
 
-def _retention_gauges(sweep: RetentionSweep) -> Iterator[GaugeMetricFamily]:
+def counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
+    """A count that only grows, exposed as NAME_total (the older counts above are gauges)."""
+    return CounterMetricFamily(name, documentation, value=value)
+
+
+def _retention_families(sweep: RetentionSweep) -> Iterator[Metric]:
     """The retention sweep's work (worker 0 only): alert on failures growing or sweeps standing still."""
     stats = sweep.statistics()
-    yield gauge("collector_retention_sweeps", "Retention sweeps committed", stats.sweeps)
-    yield gauge("collector_retention_failures", "Retention sweeps that could not commit (the log says why)", stats.failures)
-    removed = GaugeMetricFamily(
+    yield counter("collector_retention_sweeps", "Retention sweeps committed", stats.sweeps)
+    yield counter("collector_retention_failures", "Retention sweeps that could not commit (the log says why)", stats.failures)
+    removed = CounterMetricFamily(
         "collector_retention_removed", "Records the retention sweep removed, by kind", labels=["kind"]
     )
     for kind, count in (("outbox", stats.outbox_removed), ("idempotency", stats.idempotency_removed),

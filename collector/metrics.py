@@ -59,10 +59,10 @@ class Metrics:
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
             registry=self.registry,
         )
-        self._gauges: list[Callable[[], Iterator[GaugeMetricFamily]]] = []
+        self._gauges: list[Callable[[], Iterator[Metric]]] = []
         self.registry.register(_GaugeCollector(self._gauges))
         # node-wide gauges (storage, outbox, meters): the same from every worker
-        self._node_gauges: list[Callable[[], Iterator[GaugeMetricFamily]]] = []
+        self._node_gauges: list[Callable[[], Iterator[Metric]]] = []
         self._node_collector = _GaugeCollector(self._node_gauges)
         self.registry.register(self._node_collector)
         self.shared: SharedMetrics | None = None  # set under `serve --workers N`
@@ -114,7 +114,7 @@ class Metrics:
         self.commit_seconds.observe(seconds)
         self.commit_group_size.observe(group_size)
 
-    def add_gauges(self, produce: Callable[[], Iterator[GaugeMetricFamily]], *, node: bool = False) -> None:
+    def add_gauges(self, produce: Callable[[], Iterator[Metric]], *, node: bool = False) -> None:
         """Gauges of this process, or with `node` of the whole node (stated once under --workers)."""
         (self._node_gauges if node else self._gauges).append(produce)
 
@@ -156,10 +156,10 @@ class _CounterCollector(Collector):
 
 
 class _GaugeCollector(Collector):
-    def __init__(self, producers: list[Callable[[], Iterator[GaugeMetricFamily]]]) -> None:
+    def __init__(self, producers: list[Callable[[], Iterator[Metric]]]) -> None:
         self._producers = producers
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         for produce in self._producers:
             yield from produce()
 

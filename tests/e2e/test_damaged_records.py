@@ -86,8 +86,8 @@ async def test_retention_steps_over_records_that_do_not_decode(nursery: trio.Nur
     else:
         raise AssertionError("retention did not remove the readable outbox records")
     metrics = (await server.client.get("/metrics")).text  # what an operator alerts on
-    assert gauge(metrics, 'collector_retention_removed{kind="outbox"}') == 2
-    assert gauge(metrics, 'collector_retention_removed{kind="idempotency"}') == 2
+    assert gauge(metrics, 'collector_retention_removed_total{kind="outbox"}') == 2
+    assert gauge(metrics, 'collector_retention_removed_total{kind="idempotency"}') == 2
     status, out, _ = await trio.to_thread.run_sync(lambda: cli("check", data_dir=server.data_dir))
     report = json.loads(out)
     # what it could not read is kept, for check to report; the rest is gone

@@ -112,9 +112,9 @@ async def test_metrics_show_group_commit_and_meters(nursery: trio.Nursery, tmp_p
     assert values["collector_writer_transactions"] < values["collector_writer_requests_committed"]
     assert values['collector_events_total{outcome="accepted"}'] == 50
     # helper-95: these were kept and never shown (one key read, then the cache; 50 rate checks)
-    assert (values["collector_key_cache_misses"], values["collector_key_cache_hits"]) == (1, 49)
-    assert (values["collector_rate_checks"], values["collector_rate_refusals"]) == (50, 0)
-    assert values["collector_retention_sweeps"] >= 1 and values["collector_retention_failures"] == 0
+    assert (values["collector_key_cache_misses_total"], values["collector_key_cache_hits_total"]) == (1, 49)
+    assert (values["collector_rate_checks_total"], values["collector_rate_refusals_total"]) == (50, 0)
+    assert values["collector_retention_sweeps_total"] >= 1 and values["collector_retention_failures_total"] == 0
     assert any(
         k.startswith('collector_meter_used_units{account="acme"') and 'unit="pageview"' in k and v == 50
         for k, v in values.items()
