@@ -32,6 +32,9 @@ class UsageError(Exception):
 
 def _data_dir_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", dest="data_dir", default=None, help="the data directory")
+    # Every command reads the settings the service does (its data_dir, map sizes,
+    # field_key_file): some refused --config and so could not find the directory.
+    parser.add_argument("--config", default=None, help="a TOML file with the service's settings")
 
 
 def _settings_from(args: argparse.Namespace) -> Settings:
@@ -515,7 +518,6 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--env", choices=["production", "development"], default=None)
     serve.add_argument("--tenants", default=None, help="a tenants file imported before serving")
     serve.add_argument("--trusted-origin", dest="trusted_origin", action="append", default=[])
-    serve.add_argument("--config", default=None, help="a TOML file with the same settings")
     serve.add_argument("--demo", action="store_true", help="import the built-in demo tenant")
     serve.add_argument("--no-access-log", action="store_true", help="no per-request log line")
     serve.add_argument("--workers", type=int, default=None, help="worker processes on one socket (default 1)")
@@ -551,13 +553,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     k_field = keys.add_parser("rotate-field-key", help="add a field-encryption key and make it active")
     _data_dir_option(k_field)
-    k_field.add_argument("--config", default=None, help="a TOML file (for field_key_file)")
     k_field.set_defaults(func=cmd_keys_rotate_field_key)
 
     r_reveal = commands.add_parser("reveal", help="audited: print a stored event's sealed values")
     r_reveal.add_argument("receipt_id")
     r_reveal.add_argument("--reason", required=True, help="why (written to the audit log)")
-    r_reveal.add_argument("--config", default=None, help="a TOML file (for field_key_file)")
     _data_dir_option(r_reveal)
     r_reveal.set_defaults(func=cmd_reveal)
     visitors = commands.add_parser("visitors", help="the visitor projection").add_subparsers(
@@ -605,13 +605,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="also copy the field-encryption key file (otherwise back it up separately)",
     )
     # (the serving config names the key file when it is not the default: helper-85)
-    b_backup.add_argument("--config", default=None, help="a TOML file (for field_key_file)")
     _data_dir_option(b_backup)
     b_backup.set_defaults(func=cmd_backup)
     b_restore = commands.add_parser("restore", help="verify SRC's checksum and restore it (server stopped)")
     b_restore.add_argument("src")
     b_restore.add_argument("--force", action="store_true", help="replace a non-empty data directory")
-    b_restore.add_argument("--config", default=None, help="a TOML file (for field_key_file)")
     _data_dir_option(b_restore)
     b_restore.set_defaults(func=cmd_restore)
     c_check = commands.add_parser("check", help="verify the data directory; exit 1 on problems")

@@ -116,6 +116,12 @@ def test_cli_tenants_import_list_and_errors(tmp_path: Path) -> None:
     assert result.stdout.count("\n") == 6
     listed = [json.loads(line) for line in run_cli("tenants", "list", data_dir=data_dir).stdout.splitlines()]
     assert {r["key"] for r in listed} >= {BROWSER_KEY}
+    # every command takes the service's --config (helper-98: import, revoke and mint refused it)
+    config = tmp_path / "collector.toml"
+    config.write_text(f'data_dir = "{data_dir}"\n')
+    for argv in (["tenants", "import", str(tenants)], ["tenants", "list"], ["check"],
+                 ["stream-token", "mint", "--key", BROWSER_KEY]):
+        assert run_cli(*argv, "--config", str(config)).returncode == 0, argv
     assert '"rateLimit":5000,' in run_cli("tenants", "list", data_dir=data_dir).stdout  # as written, not 5000.0
 
     bad = tmp_path / "bad.json"
