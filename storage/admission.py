@@ -56,11 +56,41 @@ class Candidate(msgspec.Struct, frozen=True):
     identity_stated: tuple[int, bool] | None = None
 
 
+def _stored_for_another_site(ctx: WriteContext, receipts: list[str], site_id: str) -> int | None:
+    """The position of the first receipt whose event was stored for another site of the tenant.
+
+    An event id is the tenant's, and a duplicate answers with the first event's
+    receipt: the same id sent to another of its properties (another Origin) would
+    be reported stored and stored nowhere for that property (helper-101), as the
+    consent route's was (helper-88). Told by the outbox record the receipt names
+    (one read for all of them); a receipt of another node, or whose record
+    retention removed, cannot be told and stays a duplicate.
+    """
+    prefix = f"rcpt_{ctx.storage.node_id}"
+    wanted = {outbox.seq_key(seq): n for n, receipt in enumerate(receipts)
+              if receipt.startswith(prefix) and (seq := outbox.receipt_seq(receipt)) is not None}  # fmt: skip
+    if not wanted:
+        return None
+    found = sorted(
+        wanted[bytes(key)] for key, raw in ctx.txn.cursor(db=ctx.dbs.outbox).getmulti(list(wanted))
+        if _site_of(raw) not in (None, site_id)
+    )
+    return found[0] if found else None
+
+
+def _site_of(raw: bytes | memoryview) -> str | None:
+    try:
+        return outbox.decode_facts(raw).site_id
+    except UNREADABLE_RECORD:
+        return None  # (damaged: `collector check` reports it; not a reason to refuse)
+
+
 class Conflict(msgspec.Struct, frozen=True):
     """An event id was reused with different content (409 idempotency_conflict)."""
 
     eid: str
     index: int
+    other_site: bool = False  # the same content, stored for another site of the tenant
 
 
 class MeteringUnavailable(msgspec.Struct, frozen=True):
@@ -183,6 +213,7 @@ class Admission:
             assert cand.identity_consent_key is not None
             return _identity_denied(txn.get(cand.identity_consent_key, db=dbs.consent), cand.identity_stated, now_ms)
 
+        replayed: list[int] = []  # duplicates of records of earlier requests
         for index, cand in enumerate(candidates):
             key = keys[index]
             earlier = first_in_batch.get(key)
@@ -206,6 +237,7 @@ class Admission:
                 first_in_batch[key] = index
                 receipts[index] = record.receipt_id
                 duplicate[index] = True
+                replayed.append(index)
                 continue
             if cand.identity_consent_key is not None and identity_denied(cand):
                 # Dropped, new or changed; its id stays free, as for any dropped
@@ -218,6 +250,11 @@ class Admission:
             first_in_batch[key] = index
             new.append(index)
 
+        if replayed:
+            other = _stored_for_another_site(ctx, [receipts[index] or "" for index in replayed], self.site_id)
+            if other is not None:
+                index = replayed[other]
+                raise JobRefused(Conflict(candidates[index].eid, index, other_site=True))
         added = dict.fromkeys(self.units, 0)
         for index in new:
             unit = candidates[index].unit

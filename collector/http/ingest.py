@@ -291,7 +291,8 @@ async def _admit(
         if isinstance(reason, Conflict):
             raise ServiceError(
                 "idempotency_conflict",
-                f"event id {reason.eid!r} was already used with different content",
+                f"event id {reason.eid!r} was already used "
+                + ("for another of this tenant's sites" if reason.other_site else "with different content"),
                 eid=reason.eid,
                 index=prepared.accepted[reason.index].index,
             ) from None

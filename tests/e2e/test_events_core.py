@@ -5,12 +5,14 @@ from __future__ import annotations
 import gzip
 import json
 import re
+from pathlib import Path
 
+import httpx
 import msgspec
 import trio
 
 from storage import idempotency
-from tests.conftest import BROWSER_KEY, MOBILE_KEY, RunningServer, click, pageview
+from tests.conftest import BROWSER_KEY, MOBILE_KEY, RunningServer, click, pageview, start_server
 from tests.helpers import outbox_dump, read_stored, rewrite_stored, run_cli
 
 H = {"X-API-Key": BROWSER_KEY, "Origin": "https://acme.com", "Content-Type": "application/json"}
@@ -67,6 +69,28 @@ async def test_reused_id_with_other_content_is_a_conflict(server: RunningServer)
     assert (response.json()["eid"], response.json()["index"]) == ("c1", 1)  # which event, for the SDK
     stored = await outbox_dump(server.data_dir)
     assert [row["eid"] for row in stored] == ["c1"]  # c2 was not half-stored
+
+
+async def test_an_event_id_sent_to_two_sites_of_a_tenant_is_a_conflict_not_a_duplicate(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # helper-101: the second site got "duplicate" with the first site's receipt, and the
+    # event was stored for it nowhere (the consent route already said 409: helper-88).
+    tenants = {"keys": [{"key": "cs_live_twosites00", "clientId": "two", "plan": "paid", "sites": [
+        {"siteId": "web", "domains": ["two.com"]}, {"siteId": "shop", "domains": ["twoshop.net"]}]}]}
+    server = await start_server(nursery, tmp_path, tenants)
+    event = pageview("xs-1", type="custom", name="n")
+
+    async def send(origin: str) -> httpx.Response:
+        return await server.client.post(
+            "/v1/events", json=event, headers={"X-API-Key": "cs_live_twosites00", "Origin": origin})
+
+    assert (await send("https://two.com")).status_code == 202
+    assert (await send("https://two.com")).json()["duplicates"] == 1  # a retry from its own site
+    other = await send("https://twoshop.net")
+    assert (other.status_code, other.json()["error"], other.json()["index"]) == (409, "idempotency_conflict", 0)
+    assert "another of this tenant's sites" in other.json()["message"]
+    assert [(row["eid"], row["siteId"]) for row in await outbox_dump(server.data_dir)] == [("xs-1", "web")]
 
 
 async def test_conflict_inside_one_batch(server: RunningServer) -> None:
