@@ -137,6 +137,14 @@ def trusted_proxies(settings: Settings) -> TrustedProxies:
         raise SettingsError(f"trusted_proxies: {exc}") from None
 
 
+def metrics_readers(settings: Settings) -> TrustedProxies:
+    """The networks whose clients may read /metrics (a set of networks, as trusted_proxies is)."""
+    try:
+        return TrustedProxies(settings.metrics_from)
+    except ValueError as exc:
+        raise SettingsError(f"metrics_from: {exc}") from None
+
+
 def build_services(
     settings: Settings,
     storage: Storage,
@@ -161,6 +169,7 @@ def build_services(
         sealer=serving_sealer(storage, key_file_path(settings)),
         bots=bot_classifier(settings),
         proxies=trusted_proxies(settings),
+        metrics_readers=metrics_readers(settings),
         settings=settings,
         storage=storage,
         writer=writer,

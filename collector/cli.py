@@ -98,9 +98,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "--demo imports keys published in the README: use it with --env development only"
         )
     # What each worker would refuse at its start, refused once here (one line, exit 2).
-    from collector.app import bot_classifier, trusted_proxies
+    from collector.app import bot_classifier, metrics_readers, trusted_proxies
 
     trusted_proxies(settings)
+    metrics_readers(settings)
     bot_classifier(settings)
     if settings.tenants:  # refused before anything opens or logs (it is read again when serving)
         from collector.access.tenants import parse_tenants_file

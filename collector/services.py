@@ -37,6 +37,7 @@ class Services:
     sealer: FieldSealer  # seals form values and raw identity fields before storage
     bots: BotClassifier  # bot verdicts; holds the operator's datacenter networks
     proxies: TrustedProxies  # whose X-Forwarded-For names the visitor
+    metrics_readers: TrustedProxies  # the networks whose clients may read /metrics (metrics_from)
     # Wall-clock seconds; tests pass a clock they can move (period rollover).
     clock: Callable[[], float] = field(default=wall_clock)
     # The visitor projection, in the one process that runs it (None elsewhere).

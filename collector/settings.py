@@ -29,6 +29,12 @@ TEN_YEARS_H = 10 * 366 * 24.0
 MAX_MAP_MB = 1 << 30  # 1 PiB
 
 
+# loopback, RFC 1918, CGNAT (RFC 6598), IPv6 unique local: where a scraper usually is
+PRIVATE_NETWORKS = (
+    "127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7",
+)
+
+
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     data_dir: Annotated[str, msgspec.Meta(min_length=1)] = "./data"
     bind: str = "127.0.0.1:8080"
@@ -39,6 +45,9 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     datacenter_cidrs_file: str | None = None
     # load balancers whose X-Forwarded-For names the visitor (CIDRs)
     trusted_proxies: list[str] = []
+    # who may read /metrics (CIDRs; the client's address, behind trusted_proxies too):
+    # it names every billing account and its usage (helper-101)
+    metrics_from: list[str] = msgspec.field(default_factory=lambda: list(PRIVATE_NETWORKS))
     # access: key cache (spec 5.6)
     key_cache_ttl: Annotated[float, msgspec.Meta(ge=0, le=DAY_S)] = 120.0
     key_negative_ttl: Annotated[float, msgspec.Meta(ge=0, le=DAY_S)] = 30.0
@@ -102,7 +111,7 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
             continue
         if not raw.strip():
             continue  # set but empty (an env file's NAME=): as if unset, so data_dir is ./data, not "."
-        if name in ("trusted_origin", "trusted_proxies"):
+        if name in ("trusted_origin", "trusted_proxies", "metrics_from"):
             values[name] = [item.strip() for item in raw.split(",") if item.strip()]
         else:
             values[name] = raw

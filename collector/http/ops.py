@@ -86,8 +86,19 @@ def ops_handlers(
     return {
         "/healthz": _route(services, "/healthz", healthz),
         "/readyz": _route(services, "/readyz", readyz),
-        "/metrics": _route(services, "/metrics", metrics, _METRICS_CONTENT_TYPE),
+        "/metrics": _route(services, "/metrics", metrics, _METRICS_CONTENT_TYPE, readers=_metrics_readers(services)),
     }
+
+
+def _metrics_readers(services: Services) -> Callable[[Request], bool]:
+    """Whether a request's client may read /metrics (setting metrics_from)."""
+    networks, proxies = services.metrics_readers, services.proxies
+
+    def allowed(request: Request) -> bool:
+        client = proxies.client_address(request.client_ip, request.headers.get("x-forwarded-for"))
+        return client is not None and networks.trusted(client)
+
+    return allowed
 
 
 def _route(
@@ -95,17 +106,25 @@ def _route(
     path: str,
     answer: Callable[[], Awaitable[Answer]],
     content_type: tuple[bytes, bytes] = JSON_CONTENT_TYPE,
+    *,
+    readers: Callable[[Request], bool] | None = None,
 ) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+    """`readers`: who may have the answer; anyone else is told there is nothing here."""
+
     async def handle(scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         request = Request(scope)
         code: str | None
-        if request.method not in ("GET", "HEAD"):
+        error: ServiceError | None = None
+        if readers is not None and not readers(request):
+            error = ServiceError("not_found", f"{path} is served only to the networks in metrics_from")
+        elif request.method not in ("GET", "HEAD"):
             error = ServiceError(
                 "method_not_allowed",
                 f"{request.method} {request.path}: use GET",
                 headers={"Allow": "GET, HEAD"},
             )
+        if error is not None:
             services.metrics.count_request(path, error.status)
             await send_refusal(request, receive, send, error, [("X-Request-ID", request.request_id)])
             status, code = error.status, error.code

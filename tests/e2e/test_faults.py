@@ -150,3 +150,17 @@ async def test_serve_settles_a_suspension_recorded_by_an_older_version(nursery: 
     refused = await server.client.post("/v1/events", json=pageview("s1"),
                                        headers={"X-API-Key": BROWSER_KEY, "Origin": "https://acme.com"})
     assert (refused.status_code, refused.json()["error"]) == (403, "account_suspended"), refused.text
+
+
+async def test_metrics_are_served_only_to_the_networks_in_metrics_from(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # helper-101: /metrics names every billing account and its usage, on the listener
+    # anyone posts events to.
+    server = await start_server(nursery, tmp_path, metrics_from=["10.0.0.0/8"], trusted_proxies=["127.0.0.1/32"])
+    refused = await server.client.get("/metrics")
+    assert (refused.status_code, refused.json()["error"]) == (404, "not_found"), refused.text
+    assert "metrics_from" in refused.json()["message"] and "collector_" not in refused.text
+    # behind a trusted proxy, the client it names decides
+    assert (await server.client.get("/metrics", headers={"X-Forwarded-For": "203.0.113.9"})).status_code == 404
+    inside = await server.client.get("/metrics", headers={"X-Forwarded-For": "10.1.2.3"})
+    assert inside.status_code == 200 and "collector_requests_total" in inside.text
+    assert (await server.client.get("/healthz")).status_code == 200  # (the other operational routes stay open)
