@@ -31,7 +31,7 @@ import lmdb
 
 from storage.env import DB_NAMES as _DB_NAMES
 from storage.env import newer_format_problem, parse_format
-from storage.errors import FormatError
+from storage.errors import FormatError, usable_bytes
 
 DB_NAMES = frozenset(_DB_NAMES)
 # A new environment needs its lock file (about 40 KB, mapped: no space is a
@@ -94,7 +94,7 @@ def _space_problem(path: Path) -> str | None:
         stat = os.statvfs(existing)
     except OSError as exc:
         return f"cannot inspect {existing}: {exc.strerror or exc}"
-    free = stat.f_bavail * stat.f_frsize
+    free = usable_bytes(stat)
     if free < MIN_FREE_TO_CREATE:
         return f"not enough free space to create a data directory in {path} ({free // 1024} KB free)"
     return None

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 import lmdb
 
-from storage.errors import FormatError, mapped_lmdb_errors
+from storage.errors import FormatError, mapped_lmdb_errors, usable_bytes
 from storage.migrations import MIGRATIONS
 
 _T = TypeVar("_T")
@@ -289,7 +289,7 @@ class Storage:
             # the data file, not the directory: LMDB writes only into its files
             # (a read-only directory around writable files serves fine)
             and os.access(self.path / "data.mdb", os.W_OK)
-            and stat.f_bavail * stat.f_frsize >= min_free_bytes
+            and usable_bytes(stat) >= min_free_bytes
         )
 
     def files_intact(self) -> str | None:

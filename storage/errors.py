@@ -53,14 +53,22 @@ def is_full(exc: lmdb.Error, path: str | None = None) -> bool:
 FULL_BELOW_BYTES = 1024 * 1024
 
 
+def usable_bytes(stat: os.statvfs_result) -> int:
+    """Bytes this process may still write on a file system: root may use the reserve.
+
+    The one rule for "full" (/readyz, a commit's I/O error, a new data directory):
+    /readyz once said 503 on a disk whose root reserve the service was writing into
+    while every batch got 202 (helper-100).
+    """
+    return (stat.f_bfree if os.geteuid() == 0 else stat.f_bavail) * stat.f_frsize
+
+
 def disk_nearly_full(path: str) -> bool:
     """Under 1 MiB left for this process on the filesystem holding `path`."""
     try:
-        stat = os.statvfs(path)
+        return usable_bytes(os.statvfs(path)) < FULL_BELOW_BYTES
     except OSError:
         return False
-    blocks = stat.f_bfree if os.geteuid() == 0 else stat.f_bavail  # (root may use the reserve)
-    return blocks * stat.f_frsize < FULL_BELOW_BYTES
 
 
 def describe_full(exc: lmdb.Error, path: str | None) -> str:

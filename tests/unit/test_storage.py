@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -409,3 +410,15 @@ def test_a_directory_with_nothing_metered_counts_overage_from_its_first_unit(tmp
     finally:
         storage.close()
     assert [counters.period_before(p) for p in ("2026-01", "2026-11", "2027-10")] == ["2025-12", "2026-10", "2027-09"]
+
+
+def test_the_room_left_counts_the_root_reserve_for_root_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # helper-100: /readyz counted blocks available to users while a root service wrote
+    # into the reserve (every batch 202, /readyz 503); a commit's I/O error counted both.
+    from storage.errors import usable_bytes
+
+    stat = os.statvfs_result((4096, 4096, 1000, 300, 0, 10, 10, 10, 0, 255))  # bfree 300, bavail 0
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert usable_bytes(stat) == 300 * 4096
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert usable_bytes(stat) == 0
