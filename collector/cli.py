@@ -295,13 +295,16 @@ def cmd_outbox_dump(args: argparse.Namespace) -> int:
 
 
 def cmd_reveal(args: argparse.Namespace) -> int:
-    from collector.fieldkeys import key_file_path, load
+    from collector.fieldkeys import key_file_path, load, refuse_a_lost_key_file
     from collector.reveal import operator_identity, reveal
 
     settings = _settings_from(args)
     # The directory is checked first, and the key file only read: a mistyped
     # --data-dir must not get a directory and a fresh key (which serve would adopt).
     with _storage(args) as storage:
+        # The file the directory's values were sealed with, or a refusal naming why not
+        # (helper-100: another installation's file "revealed" nulls, blamed on tampering)
+        refuse_a_lost_key_file(storage, key_file_path(settings))
         sealer = load(key_file_path(settings))
         event, entry = reveal(storage, sealer, args.receipt_id, reason=args.reason, who=operator_identity())
     print(_json.encode({"audit": entry.seq, "receiptId": args.receipt_id, "event": event}).decode())
@@ -373,7 +376,14 @@ def cmd_keys_rotate_field_key(args: argparse.Namespace) -> int:
         new_id = rotate(key_file_path(settings), recorded_key_ids(storage))
         # Recorded at once (after the file has it: a start refuses a file lacking a
         # recorded id): a worker restarted before the next start of serve seals with it.
-        record_key_ids(storage, [new_id], key_prints(key_file_path(settings)))
+        try:
+            record_key_ids(storage, [new_id], key_prints(key_file_path(settings)))
+        except StorageError as exc:
+            # (the file is rotated: said so, since a rerun would rotate again; helper-100)
+            raise StorageError(
+                f"the key file now holds {new_id}, active, but recording it in the data directory failed"
+                f" ({exc}); the next start of serve records it"
+            ) from None
     print(new_id)
     return 0
 
@@ -442,14 +452,18 @@ def cmd_backup(args: argparse.Namespace) -> int:
     from storage.backup import backup
 
     extra: list[tuple[Path, str]] = []
+    key_file: Path | None = None
     if args.with_field_keys:
-        from collector.fieldkeys import DEFAULT_NAME, key_file_path
+        from collector.fieldkeys import DEFAULT_NAME, key_file_path, refuse_a_lost_key_file
 
         key_file = key_file_path(_settings_from(args))
         if not key_file.is_file():
             raise UsageError(f"--with-field-keys: there is no field key file at {key_file}")
         extra.append((key_file, DEFAULT_NAME))  # the name restore looks for
     with _storage(args) as storage:
+        if key_file is not None:
+            # a file serve would refuse is not kept as this data's key (helper-100)
+            refuse_a_lost_key_file(storage, key_file)
         manifest = backup(storage, Path(args.dest), extra_files=extra)
     print(_json.encode(manifest).decode())
     return 0

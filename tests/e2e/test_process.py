@@ -238,9 +238,14 @@ def test_a_lost_field_key_file_stops_the_start_and_is_not_replaced(tmp_path: Pat
     assert refused.stderr.splitlines()[-1].startswith("collector: field key file") and "is not valid" in refused.stderr
     # Another installation's file: the same id k1, another key (helper-97: it was taken).
     key_file.write_text(json.dumps({"active": "k1", "keys": {"k1": base64.b64encode(os.urandom(32)).decode()}}))
-    for argv in (["serve", "--bind", "127.0.0.1:0"], ["keys", "rotate-field-key"]):
+    for argv in (["serve", "--bind", "127.0.0.1:0"], ["keys", "rotate-field-key"],
+                 # neither kept as this data's key nor used to reveal (helper-100)
+                 ["backup", str(tmp_path / "bk-wrong"), "--with-field-keys"],
+                 ["reveal", "rcpt_00000000000000000001", "--reason", "checking the key file"]):
         refused = run_cli(*argv, data_dir=server.data_dir, check=False)
-        assert refused.returncode == 2 and "holds another key under k1" in refused.stderr, refused.stderr
+        assert refused.returncode == 2 and "holds another key under k1" in refused.stderr, (argv, refused.stderr)
+    assert not (tmp_path / "bk-wrong").exists()
+    assert run_cli("audit", "list", data_dir=server.data_dir).stdout == ""  # no entry for a refused reveal
     key_file.write_bytes(kept)
     server = ServerProcess(tmp_path)  # the file back: it starts
     assert server.stop() == 0
