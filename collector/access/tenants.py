@@ -230,6 +230,14 @@ def _check_entry(record: KeyRecord, index: int) -> None:
                 f"invalid tenants file: {at.rpartition('.')[2]} is {len(name.encode())} bytes in UTF-8,"
                 f" over {MAX_NAME_BYTES} - at {at}"
             )
+    client_bytes = len(record.clientId.encode())
+    for n, site in enumerate(record.sites):
+        if client_bytes + len(site.siteId.encode()) > MAX_NAME_BYTES:  # (keys hold both, one after the other)
+            raise TenantsFileError(
+                f"invalid tenants file: clientId and siteId together are"
+                f" {client_bytes + len(site.siteId.encode())} bytes in UTF-8, over {MAX_NAME_BYTES}"
+                f" - at {where}.sites[{n}].siteId"
+            )
     site_ids = [site.siteId for site in record.sites]
     for n, site_id in enumerate(site_ids):
         if site_id in site_ids[:n]:  # (the second was unreachable: the first matched its domains)
@@ -251,9 +259,11 @@ def _check_entry(record: KeyRecord, index: int) -> None:
 
 
 # Storage keys start with the clientId and siteId (counters with the billing account)
-# and LMDB holds at most 511 bytes a key: 200 + 200 leave room for a digested id.
-# An account of 600 bytes imported, then failed every ingest with a retryable 503.
-MAX_NAME_BYTES = 200
+# and LMDB holds at most 511 bytes a key: 440 for the clientId and a siteId together
+# leave room for separators, a digested id and a replay chunk's sequence. An account
+# of 600 bytes imported, then failed every ingest with a retryable 503 (helper-95);
+# a cap of 200 each refused a 240-byte clientId an earlier version served (helper-100).
+MAX_NAME_BYTES = 440
 
 MAX_RATE_LIMIT = 1_000_000_000  # requests/s: past any node; 1e308 made bucket arithmetic inf
 

@@ -66,3 +66,31 @@ async def test_a_long_visitor_id_has_a_snapshot_and_consent(nursery: trio.Nurser
     metrics = (await server.client.get("/metrics")).text
     assert "collector_writer_requests_failed 0.0" in metrics, metrics
     assert "collector_visitor_fold_at_commit_skipped 0.0" in metrics, metrics
+
+
+async def test_the_longest_tenant_ids_a_tenants_file_may_hold_fit_every_record(
+    nursery: trio.Nursery, tmp_path  # type: ignore[no-untyped-def]
+) -> None:
+    # tenants.MAX_NAME_BYTES: a clientId and siteId of 440 bytes together (the
+    # clientId also the billing account), with the longest ids inside them.
+    from tests.conftest import start_server
+
+    client, site = WIDE * 105, "s" * 20  # 420 + 20 bytes
+    key = "cs_live_longtenant0"
+    tenants = {"keys": [{"key": key, "clientId": client, "plan": "paid",
+                         "sites": [{"siteId": site, "domains": ["long.com"]}]}]}
+    server = await start_server(nursery, tmp_path, tenants)
+    headers = {"X-API-Key": key, "Origin": "https://long.com"}
+    sent = [event(LONG_EID, "pageview", LONG_VISITOR), event("c", "click", LONG_VISITOR)]
+    for expected in ("accepted", "duplicates"):
+        posted = await server.client.post("/v1/events", json={"events": sent}, headers=headers)
+        assert (posted.status_code, posted.json()[expected]) == (202, 2), posted.text
+    consent = {"visitorId": LONG_VISITOR, "consent": {"analytics": True, "identityResolution": False}}
+    assert (await server.client.post("/v1/consent", json=consent, headers=headers)).status_code == 202
+    chunk = {"sessionId": LONG_VISITOR, "visitorId": LONG_VISITOR, "seq": 2**53 - 1, "events": [{"t": 1}]}
+    replay = await server.client.post("/v1/replay", json=chunk, headers=headers)
+    assert replay.status_code == 202, replay.text
+    snapshot = await read(server, LONG_VISITOR, key=key, **{"Origin": "https://long.com"})
+    assert snapshot.status_code == 200, snapshot.text
+    metrics = (await server.client.get("/metrics")).text
+    assert "collector_writer_requests_failed 0.0" in metrics

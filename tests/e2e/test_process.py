@@ -167,8 +167,8 @@ def test_cli_tenants_import_list_and_errors(tmp_path: Path) -> None:
                          ("rate0.json", {"key": "cs_live_new0000000", "clientId": "n", "rateLimit": 0}),
                          # helper-95: ids LMDB's 511-byte keys cannot start with (every ingest was a 503)
                          ("account.json", {"key": "cs_live_new0000000", "clientId": "n", "billingAccount": "a" * 600}),
-                         ("client.json", {"key": "cs_live_new0000000", "clientId": "\U0001F600" * 128}),
-                         ("site.json", {"key": "cs_live_new0000000", "clientId": "n",
+                         ("client.json", {"key": "cs_live_new0000000", "clientId": "\U0001F600" * 111}),
+                         ("site.json", {"key": "cs_live_new0000000", "clientId": "\u00e9" * 120,
                                         "sites": [{"siteId": "\u00e9" * 101, "domains": ["a.com"]}]})):
         path = tmp_path / name
         path.write_text(json.dumps({"keys": [record]}).replace('"CLIENTID"', '"clientId"'))
