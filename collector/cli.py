@@ -504,6 +504,14 @@ def cmd_restore(args: argparse.Namespace) -> int:
             " one this data was sealed with into it before `serve`, or sealed values stay closed",
             file=sys.stderr,
         )
+    if not inside and (Path(args.src) / DEFAULT_NAME).is_file():
+        # (the configured key file is outside the data directory: restore leaves it be; helper-100)
+        print(
+            f"collector: warning: the backup holds a field-key file ({Path(args.src) / DEFAULT_NAME}), but"
+            f" field_key_file is {key_file}, outside the data directory, and was left as it is: if this data"
+            " was sealed with the backup's key, copy it there before `serve`",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -78,3 +78,5 @@ def test_backup_finds_a_field_key_file_the_config_names(tmp_path: Path) -> None:
     assert (tmp_path / "bk" / "field-keys.json").read_bytes() == keys.read_bytes()
     restored = run_cli("restore", str(tmp_path / "bk"), "--config", str(config), data_dir=tmp_path / "restored")
     assert restored.returncode == 0, restored.stderr
+    # the key file configured outside is left as it is, and it is said (helper-100: silent)
+    assert "the backup holds a field-key file" in restored.stderr and str(keys) in restored.stderr
