@@ -385,6 +385,7 @@ async def serve(
     # writer lock (a command holding it), and a stop signal must still be
     # handled meanwhile, which Python does only on a main thread not blocked in C.
     storage = await trio.to_thread.run_sync(open_storage, settings)
+    served = False
     try:
         if settings.workers <= 1:  # (with --workers N the parent did it once: collector/workers.py)
             await trio.to_thread.run_sync(prepare_data_dir, storage, settings, int(clock() * 1000))
@@ -435,12 +436,14 @@ async def serve(
                 if interval:
                     outer.start_soon(systemd.watchdog_loop, interval)
                 task_status.started(binds)
+                served = True
                 server_nursery.start_soon(_watch_signals, shutdown)
             # The server has drained; now the writer drains and stops.
             outer.cancel_scope.cancel()
     finally:
         storage.close()
-        log.info("storage closed")
+        if served:  # (a start refused, the refusal's own line is the only one: helper-100)
+            log.info("storage closed")
 
 
 STALE_READER_CHECK_S = 30.0

@@ -227,6 +227,7 @@ def test_a_lost_field_key_file_stops_the_start_and_is_not_replaced(tmp_path: Pat
                  ["keys", "rotate-field-key"]):
         refused = run_cli(*argv, data_dir=server.data_dir, check=False)
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+        assert refused.stderr.count("\n") == 1, refused.stderr  # (helper-100: "storage closed" before it)
         assert "is missing, but this data directory records sealing with key k1" in refused.stderr
         assert not key_file.exists()
     key_file.write_bytes(kept)
