@@ -33,7 +33,7 @@ import lmdb
 import msgspec
 
 from storage.env import DB_NAMES, FORMAT_VERSION, FormatError, Storage, parse_format
-from storage.errors import UNREADABLE_RECORD, mapped_lmdb_errors
+from storage.errors import UNREADABLE_RECORD, StorageError, StorageFull, mapped_lmdb_errors
 from storage.outbox import NEXT_SEQ
 
 MANIFEST = "MANIFEST.json"
@@ -140,6 +140,8 @@ def _backup(
                 dest.rmdir()
         if isinstance(exc, OSError):
             raise BackupError(f"backup to {dest} failed: {exc.strerror or exc}; nothing was kept") from None
+        if isinstance(exc, StorageFull):  # (LMDB's copy writing into a full destination: helper-100)
+            raise BackupError(f"backup to {dest} failed: {exc}; nothing was kept") from None
         if isinstance(exc, FormatError):
             raise BackupError(f"{exc}; nothing was kept") from None
         raise
@@ -221,16 +223,20 @@ def restore(
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(mode=0o700)
         try:
-            copied = _copy_and_hash(data, staging / DATA_FILE)
-            if copied != manifest.sha256:
-                raise BackupError(f"checksum mismatch: {data} changed while it was copied")
-            node_id = _renew_node_id(staging)
-            for backup_name, inside in carry_files:
-                for origin in (src / backup_name, target / inside):
-                    if origin.is_file():
-                        _carry(origin, staging / inside)
-                        break
-            _fsync_dir(staging)
+            try:
+                copied = _copy_and_hash(data, staging / DATA_FILE)
+                if copied != manifest.sha256:
+                    raise BackupError(f"checksum mismatch: {data} changed while it was copied")
+                node_id = _renew_node_id(staging)
+                for backup_name, inside in carry_files:
+                    for origin in (src / backup_name, target / inside):
+                        if origin.is_file():
+                            _carry(origin, staging / inside)
+                            break
+                _fsync_dir(staging)
+            except (OSError, StorageError) as exc:  # (a full disk while copying: said with the path; helper-100)
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                raise BackupError(f"restore into {target} failed while copying: {why}; nothing was changed") from None
             if non_empty and _in_use(target):
                 raise BackupError(f"{target} was opened by a collector command during the restore; nothing was changed")
             with _signals_held():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import subprocess
@@ -200,3 +201,23 @@ def test_a_new_data_directory_is_owner_only(tmp_path: Path) -> None:
         assert directory.stat().st_mode & 0o777 == 0o700
         for name in ("data.mdb", "lock.mdb"):
             assert (directory / name).stat().st_mode & 0o777 == 0o600, name
+
+
+def test_backup_and_restore_onto_a_full_disk_name_the_path_and_keep_nothing(small_disk: Path, tmp_path: Path) -> None:
+    # helper-100: "storage error: mdb_env_copy3: No space left on device" (exit 1, as if
+    # the data directory were broken), and a restore's bare "No space left on device".
+    data_dir = tmp_path / "data"
+    run_cli("tenants", "import", str(write_tenants(tmp_path / "t.json")), data_dir=data_dir)
+    run_cli("backup", str(tmp_path / "bk"), data_dir=data_dir)
+    filler = small_disk / "filler"
+    with filler.open("wb") as out, contextlib.suppress(OSError):  # (to the last block)
+        while True:
+            out.write(b"\0" * 65536)
+            out.flush()
+    backed = run_cli("backup", str(small_disk / "bk"), data_dir=data_dir, check=False)
+    assert backed.returncode == 2 and f"backup to {small_disk / 'bk'} failed" in backed.stderr, backed.stderr
+    assert not (small_disk / "bk").exists()
+    restored = run_cli("restore", str(tmp_path / "bk"), data_dir=small_disk / "restored", check=False)
+    assert restored.returncode == 2, restored.stderr
+    assert f"restore into {small_disk / 'restored'} failed while copying" in restored.stderr, restored.stderr
+    assert not (small_disk / "restored").exists()
