@@ -315,6 +315,11 @@ def mint_stream_token(storage: Storage, key: str, *, ttl_s: int) -> str:
         raise KeyAdminError("the key is revoked")
     if record.is_suspended:
         raise KeyAdminError("the account is suspended")
+    if record.key_type == KeyType.BROWSER:  # (helper-101)
+        raise KeyAdminError(
+            "a website key is public (spec 5.6) and tenant-wide streams do not take one (spec 5.4):"
+            " mint with one of the tenant's server or mobile keys"
+        )
     return stream_tokens.mint(
         stream_token_secret(storage), client_id=record.clientId, api_key=record.key, now_s=int(time.time()),
         ttl_s=ttl_s,

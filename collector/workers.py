@@ -298,8 +298,10 @@ class Supervisor:
                 # the other workers go on serving, and this one is tried now and then.
                 log.error(
                     "worker %d (pid %d) refused to start (the line above says why): the other workers go on"
-                    " serving; it is tried again every %.0f s",
-                    index, proc.pid, REFUSED_RETRY_S,
+                    " serving%s; it is tried again every %.0f s",
+                    index, proc.pid,
+                    " without the retention sweep and the visitor catch-up, which only worker 0 runs" if index == 0 else "",
+                    REFUSED_RETRY_S,
                 )  # fmt: skip
                 with trio.move_on_after(REFUSED_RETRY_S):
                     await self.stopping.wait()

@@ -19,7 +19,7 @@ import lmdb
 import pytest
 import trio
 
-from tests.conftest import BROWSER_KEY, PAID_KEY, pageview, write_tenants
+from tests.conftest import BROWSER_KEY, PAID_KEY, SERVER_KEY, pageview, write_tenants
 from tests.helpers import run_cli
 
 H = {"X-API-Key": BROWSER_KEY, "Origin": "https://acme.com"}
@@ -120,7 +120,7 @@ def test_cli_tenants_import_list_and_errors(tmp_path: Path) -> None:
     config = tmp_path / "collector.toml"
     config.write_text(f'data_dir = "{data_dir}"\n')
     for argv in (["tenants", "import", str(tenants)], ["tenants", "list"], ["check"],
-                 ["stream-token", "mint", "--key", BROWSER_KEY]):
+                 ["stream-token", "mint", "--key", SERVER_KEY]):
         assert run_cli(*argv, "--config", str(config)).returncode == 0, argv
     assert '"rateLimit":5000,' in run_cli("tenants", "list", data_dir=data_dir).stdout  # as written, not 5000.0
 
@@ -325,20 +325,23 @@ def test_cli_stream_token_mint(tmp_path: Path) -> None:
 
     data_dir = tmp_path / "data"
     run_cli("tenants", "import", str(write_tenants(tmp_path / "t.json")), data_dir=data_dir)
-    token = run_cli("stream-token", "mint", "--key", BROWSER_KEY, "--ttl", "60", data_dir=data_dir).stdout.strip()
+    token = run_cli("stream-token", "mint", "--key", SERVER_KEY, "--ttl", "60", data_dir=data_dir).stdout.strip()
     assert token.startswith("csst_")
     storage = Storage(data_dir)
     try:
         claims = verify(stream_token_secret(storage), token, now_s=int(time.time()))
     finally:
         storage.close()
-    assert claims.clientId == "acme" and claims.keyFingerprint == key_fingerprint(BROWSER_KEY)
+    assert claims.clientId == "acme" and claims.keyFingerprint == key_fingerprint(SERVER_KEY)
     assert 55 <= claims.expiresAt - time.time() <= 60
-    for argv in (["--key", "cs_live_unknown000"], ["--key", BROWSER_KEY, "--ttl", "0"]):
+    for argv in (["--key", "cs_live_unknown000"], ["--key", SERVER_KEY, "--ttl", "0"]):
         refused = run_cli("stream-token", "mint", *argv, data_dir=data_dir, check=False)
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
-    run_cli("keys", "revoke", BROWSER_KEY, data_dir=data_dir)
-    revoked = run_cli("stream-token", "mint", "--key", BROWSER_KEY, data_dir=data_dir, check=False)
+    # a website key is public: spec 5.4 keeps it off tenant-wide streams (helper-101)
+    public = run_cli("stream-token", "mint", "--key", BROWSER_KEY, data_dir=data_dir, check=False)
+    assert public.returncode == 2 and "website key is public" in public.stderr, public.stderr
+    run_cli("keys", "revoke", SERVER_KEY, data_dir=data_dir)
+    revoked = run_cli("stream-token", "mint", "--key", SERVER_KEY, data_dir=data_dir, check=False)
     assert revoked.returncode == 2 and "revoked" in revoked.stderr
 
 
