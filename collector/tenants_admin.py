@@ -211,7 +211,22 @@ def imported_term_notes(storage: Storage, imported: list[KeyRecord]) -> list[str
     live = [r for r in list_records(storage, on_unreadable=lambda key, error: None)  # check lists them
             if r.billing_account in touched and not r.revokedAt]
     notes = (note for record in sorted(live, key=lambda r: r.billing_account) for note in term_notes(record))
-    return [*_type_notes(imported), *dict.fromkeys(notes)]  # (every key of an account has its terms: once each)
+    # (every key of an account has its terms: once each)
+    return [*_type_notes(imported), *_shared_account_notes(live), *dict.fromkeys(notes)]
+
+
+def _shared_account_notes(live: list[KeyRecord]) -> list[str]:
+    """A billing account that is also another client's own: the clients share allowances,
+    overage and suspension, which a name chosen by chance does silently (helper-101)."""
+    clients: dict[str, set[str]] = {}
+    for record in live:
+        clients.setdefault(record.billing_account, set()).add(record.clientId)
+    return [
+        f"billing account {account!r} is also client {account!r}'s own account: clients"
+        f" {', '.join(sorted(members))} share its allowances, overage and suspension"
+        for account, members in sorted(clients.items())
+        if account in members and len(members) > 1
+    ]
 
 
 def _type_notes(imported: list[KeyRecord]) -> list[str]:

@@ -116,6 +116,13 @@ def test_cli_tenants_import_list_and_errors(tmp_path: Path) -> None:
     assert result.stdout.count("\n") == 6
     listed = [json.loads(line) for line in run_cli("tenants", "list", data_dir=data_dir).stdout.splitlines()]
     assert {r["key"] for r in listed} >= {BROWSER_KEY}
+    # a billing account named as another client is that client's own: said (helper-101)
+    shared = tmp_path / "shared.json"
+    shared.write_text(json.dumps({"keys": [
+        {"key": "cs_live_agency0000", "clientId": "agency"},
+        {"key": "cs_live_betaclient", "clientId": "beta", "billingAccount": "agency"}]}))
+    noted = run_cli("tenants", "import", str(shared), data_dir=data_dir)
+    assert "billing account 'agency' is also client 'agency''s own account: clients agency, beta" in noted.stderr
     # every command takes the service's --config (helper-98: import, revoke and mint refused it)
     config = tmp_path / "collector.toml"
     config.write_text(f'data_dir = "{data_dir}"\n')
