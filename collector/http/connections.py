@@ -78,6 +78,7 @@ from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 
 from collector.errors import ServiceError, render_error
 from collector.http.asgi import CUT_BY_TIMEOUT, request_id_for
+from collector.http.h2_protocol import CollectorH2Protocol
 from collector.http.headers import cors_headers
 from collector.http.parse_errors import answer_parse_errors
 from collector.http.unrouted import UNRECORDED, UnroutedAnswers, stand_in_request
@@ -427,6 +428,7 @@ class Connection(TCPServer):
         await super()._close()
 
     def _taken_over_by_http2(self, protocol: H2Protocol) -> None:
+        protocol.__class__ = CollectorH2Protocol  # (hypercorn makes the protocol; ours is a subclass of it)
         # The HTTP/2 preface reads as an HTTP/1.1 request ("PRI * HTTP/2.0") until
         # hypercorn switches protocols: the connection was left busy, with no stream
         # open, and was cut at read_timeout before its first request (helper-86). It
@@ -449,6 +451,14 @@ class Connection(TCPServer):
             self._cut_peer = (peer[0], peer[1])
             CUT_BY_TIMEOUT.add(self._cut_peer)
 
+    async def _cut(self, http2: bool) -> None:
+        """End a connection whose client is too slow (the read loop then stops)."""
+        self._mark_cut()  # (before the close: it reads the peer's address)
+        if http2:
+            # (an answer held back by the window would keep the socket open
+            # until request_timeout cancels its handler: the client is cut now)
+            await trio.aclose_forcefully(self.stream)
+
     def _http2_stalled(self) -> bool:
         """Whether an HTTP/2 client has been silent for read_timeout while the server waits on it.
 
@@ -463,9 +473,9 @@ class Connection(TCPServer):
         # busy (PINGs, a window widened a byte at a time) is still bounded by
         # request_timeout for each stream it holds up
         opened = self._http2_opened
-        for stream_id in [s for s in opened if s not in protocol.connection.streams]:
+        for stream_id in [s for s in opened if s not in protocol.streams]:
             del opened[stream_id]
-        for stream_id in protocol.connection.streams:
+        for stream_id in protocol.streams:
             opened.setdefault(stream_id, now)
         held = _held_up_http2_streams(protocol)
         if not held:
@@ -493,13 +503,12 @@ class Connection(TCPServer):
             # read wakes now and then and asks whether the silence is the client's
             # (_client_holds_up_http2). A stream opened later comes with data, and
             # data sets a new deadline.
-            if not protocol.connection.streams:
+            if not protocol.streams:
                 return math.inf  # the idle task's keep_alive_timeout bounds the wait
             # (a fixed schedule, not a deadline from the last read: a client sending
-            # PINGs would otherwise never be looked at)
-            now = trio.current_time()
-            if self._http2_next_check <= now:
-                self._http2_next_check = now + HTTP2_STALL_CHECK_S
+            # PINGs would otherwise never be looked at; each check sets the next)
+            if self._http2_next_check == -math.inf:
+                self._http2_next_check = trio.current_time() + HTTP2_STALL_CHECK_S
             return self._http2_next_check
         if protocol.connection.their_state is not h11.SEND_BODY:
             # The request has all arrived: the server is answering it, and a client
@@ -521,17 +530,22 @@ class Connection(TCPServer):
                 except (trio.ClosedResourceError, trio.BrokenResourceError):
                     data = b""
             self._read_scope = None
+            http2 = isinstance(self.protocol.protocol, H2Protocol)
             if scope.cancelled_caught:  # read_timeout or request_timeout inside a request
-                stalled_http2 = isinstance(self.protocol.protocol, H2Protocol)
-                if stalled_http2 and not self._http2_stalled():
-                    continue
-                self._mark_cut()  # (before the close: it reads the peer's address)
-                if stalled_http2:
-                    # (an answer held back by the window would keep the socket open
-                    # until request_timeout cancels its handler: the client is cut now)
-                    await trio.aclose_forcefully(self.stream)
+                if http2:
+                    self._http2_next_check = trio.current_time() + HTTP2_STALL_CHECK_S
+                    if not self._http2_stalled():
+                        continue
+                await self._cut(http2)
                 break
-            self._last_data = trio.current_time()
+            now = self._last_data = trio.current_time()
+            if http2 and data and now >= self._http2_next_check:
+                # (a client that never lets a read wait, a PING a millisecond, is
+                # looked at on the same schedule: helper-99)
+                self._http2_next_check = now + HTTP2_STALL_CHECK_S
+                if self._http2_stalled():
+                    await self._cut(http2)
+                    break
             if data and self._idle and self._head_began is None and not isinstance(self.protocol.protocol, H2Protocol):
                 self._head_began = trio.current_time()
             await self.protocol.handle(RawData(bytes(data)))
@@ -565,10 +579,19 @@ _STILL_ARRIVING = (StreamState.OPEN, StreamState.HALF_CLOSED_LOCAL)  # the clien
 
 
 def _held_up_http2_streams(protocol: H2Protocol) -> list[int]:
-    """Streams whose request is still arriving, or whose answer the client's flow-control window holds back."""
+    """Streams whose request is still arriving, or whose answer the client's flow-control window holds back.
+
+    Only the streams hypercorn still serves: one it has answered and let go stays
+    half-closed in h2's books when its client sent no body (an early refusal of an
+    `Expect: 100-continue` request), and cut a client waiting for another answer
+    (helper-99).
+    """
     connection = protocol.connection
     held = []
-    for stream_id, stream in list(connection.streams.items()):
+    for stream_id in list(protocol.streams):
+        stream = connection.streams.get(stream_id)
+        if stream is None:
+            continue
         if stream.state_machine.state in _STILL_ARRIVING:
             held.append(stream_id)
             continue
