@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from urllib.parse import parse_qsl
 
 import msgspec
+import trio
 
 from collector.access.domains import gate
 from collector.access.gate import resolve_key
@@ -247,6 +248,14 @@ def make_write_handler(
             unavailable = ServiceError("storage_unavailable", f"nothing was stored ({exc}); {retry_hint}")
             status, answer, error_code = unavailable.status, render_error(unavailable), unavailable.code
             headers.extend(unavailable.response_headers().items())
+        except trio.Cancelled:
+            # The connection ended under the request (its task group cancelled): no
+            # answer goes out, but it was a request, counted and logged as one whose
+            # client is gone (helper-99: a batch stored this way had no line at all).
+            services.metrics.count_request(route, 499)
+            if access_log:
+                log_request(request, route, 499, "client_closed", seen.client_id, started)
+            raise
         except Exception:
             log.exception("unexpected error on %s", route)
             internal = ServiceError("internal_error", "the request failed unexpectedly; retry it")

@@ -742,3 +742,29 @@ async def test_a_response_leaves_in_one_write_and_an_interim_one_at_once(
                 final += await stream.receive_some()
         assert final.startswith(b"HTTP/1.1 202"), final
     assert [row["eid"] for row in await outbox_dump(server.data_dir)] == ["one-write", "continued"]
+
+
+async def test_a_request_cancelled_with_its_connection_is_still_logged(
+    nursery: trio.Nursery, tmp_path: Path, access_lines: Callable[[], list[dict[str, Any]]]
+) -> None:
+    # helper-99: a request whose connection ended under it (cancelled while its batch
+    # waited for the writer) was committed with no access line and no count.
+    server = await start_server(nursery, tmp_path, request_timeout=1, access_log=True)
+    holder = await trio.to_thread.run_sync(_hold_the_write_lock, server.data_dir, 3)
+    try:
+        body = json.dumps(pageview("gone-1")).encode()
+        async with await _open(server) as stream:
+            await stream.send_all(EVENTS_HEAD_1000.replace(b"Content-Length: 1000", b"Content-Length: %d" % len(body))
+                                  .replace(b"Host: x\r\n", b"Host: x\r\nX-Request-ID: gone-1\r\n") + body)
+            await trio.sleep(0.2)
+        lines: list[tuple[str, int, str]] = []
+        for _ in range(50):  # (cut request_timeout after the client left)
+            lines += [(line["requestId"], line["status"], line["error"]) for line in access_lines()
+                      if line["route"] == "/v1/events"]
+            if lines:
+                break
+            await trio.sleep(0.1)
+        assert lines == [("gone-1", 499, "client_closed")], lines
+    finally:
+        await trio.to_thread.run_sync(lambda: holder.wait(timeout=10))
+    assert 'collector_requests_total{route="/v1/events",status="499"} 1.0' in (await server.client.get("/metrics")).text
