@@ -508,11 +508,13 @@ async def _serve_http(
             listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
             binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
         sends = OpenSends()
+        live: set[Connection] = set()  # open connections, told when the drain begins
         connection = services.connection_limits = ConnectionLimits(
             ConnectionGuard(
                 partial(
                     Connection, asgi, config, context, ConnectionState(state.copy()),
                     sends=sends, request_timeout=services.settings.request_timeout, unrouted=unrouted,
+                    live=live,
                 ),
                 partial(services.metrics.count_labelled, "collector_connection_failures"),
             ),
@@ -530,6 +532,8 @@ async def _serve_http(
                     task_status.started(binds)
                     await shutdown.wait()
                     drain.start_draining()
+                    for open_connection in list(live):  # (HTTP/2 clients: no more streams here)
+                        connections.start_soon(open_connection.refuse_new_streams)
                     accepting.cancel_scope.cancel()  # closes the listeners
                 deadline = trio.current_time() + config.graceful_timeout
                 connections.cancel_scope.deadline = deadline

@@ -70,6 +70,7 @@ from typing import Any
 import h2.exceptions
 import h11
 import trio
+from h2.settings import SettingCodes
 from h2.stream import StreamState
 from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol.h2 import H2Protocol
@@ -353,9 +354,11 @@ class Connection(TCPServer):
         sends: OpenSends | None = None,
         request_timeout: float = math.inf,
         unrouted: UnroutedAnswers = UNRECORDED,
+        live: set[Connection] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        self._live = live if live is not None else set()  # the server's open connections (for its drain)
         self.idle_task = self._idle_watch = IdleWatch(self)  # type: ignore[assignment]
         self._sends = sends if sends is not None else OpenSends()
         self._request_timeout = request_timeout
@@ -407,11 +410,29 @@ class Connection(TCPServer):
                 await self.protocol.handle(Closed())
 
     async def run(self) -> None:
+        self._live.add(self)
         try:
             await super().run()
         finally:  # (every task of the connection has ended: none will ask any more)
+            self._live.discard(self)
             if self._cut_peer is not None:
                 CUT_BY_TIMEOUT.discard(self._cut_peer)
+
+    async def refuse_new_streams(self) -> None:
+        """A drain began: an HTTP/2 client may open no more streams here; those open finish.
+
+        HTTP/1.1 learns it from `Connection: close` on its next answer; HTTP/2 has
+        no such header (h2 strips it), and a client went on opening streams for
+        the whole graceful_timeout, then lost what it had in flight (helper-99).
+        MAX_CONCURRENT_STREAMS 0 stops it (a GOAWAY would close h2's state at once);
+        the connection is closed once idle, as every connection is.
+        """
+        protocol = self.protocol.protocol
+        if not isinstance(protocol, H2Protocol) or protocol.closed:
+            return
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            protocol.connection.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: 0})
+        await protocol._flush()
 
     async def _close(self) -> None:
         # hypercorn sends EOF without its send lock: when h11 gives up on the

@@ -859,3 +859,37 @@ def test_a_service_started_with_stdout_and_stderr_closed_keeps_its_files_off_fd_
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(timeout=15) == 0
     assert run_cli("check", data_dir=data_dir).returncode == 0
+
+
+def test_a_drain_tells_http2_clients_to_open_no_more_streams(tmp_path: Path) -> None:
+    # helper-99: HTTP/2 has no Connection: close, and a client went on opening streams
+    # for the whole graceful_timeout, then lost those in flight.
+    from urllib.parse import urlsplit
+
+    import h2.config
+    import h2.connection
+    import h2.events
+    import h2.settings
+
+    server = ServerProcess(tmp_path)
+    url = urlsplit(server.url)
+    seen: list[str] = []
+    with socket.create_connection((url.hostname, url.port), timeout=5) as sock:
+        conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        conn.send_headers(1, [(":method", "GET"), (":path", "/healthz"), (":authority", "x"), (":scheme", "http")],
+                          end_stream=True)
+        sock.sendall(conn.data_to_send())
+        stopped_at = None
+        while data := sock.recv(65536):
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.StreamEnded) and stopped_at is None:
+                    server.proc.send_signal(signal.SIGTERM)  # (the answer came: now the drain)
+                    stopped_at = time.monotonic()
+                elif isinstance(event, h2.events.RemoteSettingsChanged) and stopped_at is not None:
+                    limit = event.changed_settings.get(h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS)
+                    seen.append(f"max streams {limit.new_value if limit else None}")
+            sock.sendall(conn.data_to_send())
+        assert stopped_at is not None and time.monotonic() - stopped_at < 3  # (closed once idle)
+    assert seen == ["max streams 0"], seen
+    assert server.proc.wait(timeout=15) == 0
