@@ -535,7 +535,7 @@ async def _serve_http(
                     for open_connection in list(live):  # (HTTP/2 clients: no more streams here)
                         connections.start_soon(open_connection.refuse_new_streams)
                     accepting.cancel_scope.cancel()  # closes the listeners
-                deadline = trio.current_time() + config.graceful_timeout
+                deadline = services.drain_deadline = trio.current_time() + config.graceful_timeout
                 connections.cancel_scope.deadline = deadline
                 # (writes are shielded: one to a client that reads nothing outlives the cancel)
                 deadline_watch.start_soon(_abandon_at, deadline, sends)

@@ -46,6 +46,8 @@ class Services:
     # `serve --workers N`: which worker process this is (0 runs retention and the visitor projection) and how many there are
     worker_index: int = 0
     connection_limits: ConnectionLimits | None = None  # set once the HTTP server runs (its open count)
+    # trio time at which a drain stops waiting for requests in flight (None: not draining)
+    drain_deadline: float | None = None
     workers: int = 1
 
     def now_ms(self) -> int:

@@ -63,26 +63,31 @@ def _stored_for_another_site(ctx: WriteContext, receipts: list[str], site_id: st
     receipt: the same id sent to another of its properties (another Origin) would
     be reported stored and stored nowhere for that property (helper-101), as the
     consent route's was (helper-88). Told by the outbox record the receipt names
-    (one read for all of them); a receipt of another node, or whose record
-    retention removed, cannot be told and stays a duplicate.
+    (one read for all of them); a receipt whose record retention removed cannot
+    be told and stays a duplicate.
     """
-    prefix = f"rcpt_{ctx.storage.node_id}"
     wanted = {outbox.seq_key(seq): n for n, receipt in enumerate(receipts)
-              if receipt.startswith(prefix) and (seq := outbox.receipt_seq(receipt)) is not None}  # fmt: skip
+              if (seq := outbox.receipt_seq(receipt)) is not None}  # fmt: skip
     if not wanted:
         return None
     found = sorted(
         wanted[bytes(key)] for key, raw in ctx.txn.cursor(db=ctx.dbs.outbox).getmulti(list(wanted))
-        if _site_of(raw) not in (None, site_id)
+        if _site_of(raw, receipts[wanted[bytes(key)]]) not in (None, site_id)
     )
     return found[0] if found else None
 
 
-def _site_of(raw: bytes | memoryview) -> str | None:
+def _site_of(raw: bytes | memoryview, receipt: str) -> str | None:
+    """The site of the outbox record at the receipt's seq, when it is that receipt's record.
+
+    (A restored node keeps the old node's records under their receipts: those count
+    too, helper-103; a seq since reused by another node's receipt does not.)
+    """
     try:
-        return outbox.decode_facts(raw).site_id
+        facts = outbox.decode_facts(raw)
     except UNREADABLE_RECORD:
         return None  # (damaged: `collector check` reports it; not a reason to refuse)
+    return facts.site_id if facts.receipt_id == receipt else None
 
 
 class Conflict(msgspec.Struct, frozen=True):

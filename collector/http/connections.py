@@ -77,9 +77,9 @@ from hypercorn.protocol.h2 import H2Protocol
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 
+import collector.http.h2_protocol  # noqa: F401  (hypercorn makes ours from then on)
 from collector.errors import ServiceError, render_error
 from collector.http.asgi import CUT_BY_TIMEOUT, request_id_for
-from collector.http.h2_protocol import CollectorH2Protocol
 from collector.http.headers import cors_headers
 from collector.http.parse_errors import answer_parse_errors
 from collector.http.unrouted import UNRECORDED, UnroutedAnswers, stand_in_request
@@ -339,7 +339,7 @@ class Connection(TCPServer):
     _idle = True  # no request in progress (hypercorn starts the idle task before reading)
     _request_began = 0.0  # when the request in progress began (its first byte)
     _last_data = 0.0  # when data last arrived (HTTP/2's stall check)
-    _http2_opened: dict[int, float]  # HTTP/2 stream id -> when the stall check first saw it
+    _http2_held_since: dict[int, float]  # HTTP/2 stream id -> when the stall check first found it held up
     _http2_next_check = -math.inf
     _head_began: float | None = None  # when the first byte of a request head not yet whole came
     _cut_peer: tuple[str, int] | None = None  # in CUT_BY_TIMEOUT while this connection lasts
@@ -363,7 +363,7 @@ class Connection(TCPServer):
         self._sends = sends if sends is not None else OpenSends()
         self._request_timeout = request_timeout
         self._unrouted = unrouted
-        self._http2_opened = {}
+        self._http2_held_since = {}
 
     async def protocol_send(self, event: Event) -> None:
         if isinstance(event, RawData):
@@ -449,7 +449,6 @@ class Connection(TCPServer):
         await super()._close()
 
     def _taken_over_by_http2(self, protocol: H2Protocol) -> None:
-        protocol.__class__ = CollectorH2Protocol  # (hypercorn makes the protocol; ours is a subclass of it)
         # The HTTP/2 preface reads as an HTTP/1.1 request ("PRI * HTTP/2.0") until
         # hypercorn switches protocols: the connection was left busy, with no stream
         # open, and was cut at read_timeout before its first request (helper-86). It
@@ -490,21 +489,22 @@ class Connection(TCPServer):
         """
         protocol: H2Protocol = self.protocol.protocol  # type: ignore[assignment]
         now = trio.current_time()
-        # when each stream was first seen open: a client that keeps the connection
-        # busy (PINGs, a window widened a byte at a time) is still bounded by
-        # request_timeout for each stream it holds up
-        opened = self._http2_opened
-        for stream_id in [s for s in opened if s not in protocol.streams]:
-            del opened[stream_id]
-        for stream_id in protocol.streams:
-            opened.setdefault(stream_id, now)
         held = _held_up_http2_streams(protocol)
+        # Since when each stream has been held up by its client: one that keeps the
+        # connection busy (PINGs, a window widened a byte at a time) is still bounded
+        # by request_timeout. Counted from the first check that found it so, not from
+        # when it opened: the server's own slow answer is not the client's (helper-102).
+        since = self._http2_held_since
+        for stream_id in [s for s in since if s not in held]:
+            del since[stream_id]
+        for stream_id in held:
+            since.setdefault(stream_id, now)
         if not held:
             return False
         read_timeout = self.config.read_timeout
         if read_timeout and now - self._last_data >= read_timeout:
             return True
-        return any(now - opened[stream_id] >= self._request_timeout for stream_id in held)
+        return any(now - since[stream_id] >= self._request_timeout for stream_id in held)
 
     def _read_deadline(self) -> float:
         per_read = trio.current_time() + self.config.read_timeout if self.config.read_timeout else math.inf

@@ -17,28 +17,21 @@ import contextlib
 import h2.errors
 import h2.events
 import h2.exceptions
+import hypercorn.protocol
 from hypercorn.protocol.h2 import H2Protocol
 
 
 class CollectorH2Protocol(H2Protocol):
     async def _handle_events(self, events: list[h2.events.Event]) -> None:
-        # (a stream whose HEADERS are in this same read is opened by super(): its DATA is no late body)
-        # (unless hypercorn refuses new streams: it resets them while it closes)
-        opening = (
-            set() if self.context.terminated.is_set()
-            else {event.stream_id for event in events if isinstance(event, h2.events.RequestReceived)}
-        )
-        passed = []
+        # One event at a time: a stream can be answered and let go while the events of
+        # one read are being handled (the route runs once hypercorn's queue to it is
+        # full), so whether DATA is late is decided as each one comes (helper-102).
         for event in events:
-            if (
-                isinstance(event, h2.events.DataReceived)
-                and event.stream_id not in self.streams
-                and event.stream_id not in opening
-            ):
+            if isinstance(event, h2.events.DataReceived) and event.stream_id not in self.streams:
                 self._drop_late_body(event)
+                await self._flush()
             else:
-                passed.append(event)
-        await super()._handle_events(passed)
+                await super()._handle_events([event])
 
     def _drop_late_body(self, event: h2.events.DataReceived) -> None:
         connection = self.connection
@@ -51,3 +44,9 @@ class CollectorH2Protocol(H2Protocol):
             return  # its answer is still being sent: a reset now would discard it (RFC 9113 8.1)
         with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
             connection.reset_stream(event.stream_id, h2.errors.ErrorCodes.NO_ERROR)
+
+
+# hypercorn's protocol wrapper makes the HTTP/2 protocol by this name, for a prior-knowledge
+# preface within the first read too: ours from the first frame (helper-102: a first
+# read holding a whole refused body still raised KeyError when the class was swapped after it).
+hypercorn.protocol.H2Protocol = CollectorH2Protocol  # type: ignore[misc]

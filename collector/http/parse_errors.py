@@ -50,6 +50,15 @@ def answer_parse_errors(protocol: H11Protocol, unrouted: UnroutedAnswers) -> Non
         started = time.perf_counter()
         stream = protocol.stream
         in_request = stream is not None and hasattr(stream, "scope")
+        if getattr(protocol.connection, "_receive_buffer_closed", False):
+            # h11 refuses a request its client closed in the middle of ("peer closed
+            # connection without sending complete message body"): no one is there to
+            # answer, and it is the client's leaving, 499 (helper-102: logged as 400).
+            if in_request:
+                stream.scope[PARSER_REFUSAL] = (499, "client_closed")  # type: ignore[union-attr,literal-required]
+            else:
+                unrouted.record(stand_in_request("-", "-", ""), ACCESS_ROUTE, 499, "client_closed", started)
+            return
         scope: Any = stream.scope if in_request else None  # type: ignore[union-attr]
         request = Request(scope) if in_request else stand_in_request("-", "-", "")
         error = _error_for(status_code, protocol.config.h11_max_incomplete_size)

@@ -250,11 +250,14 @@ def make_write_handler(
             headers.extend(unavailable.response_headers().items())
         except trio.Cancelled:
             # The connection ended under the request (its task group cancelled): no
-            # answer goes out, but it was a request, counted and logged as one whose
-            # client is gone (helper-99: a batch stored this way had no line at all).
-            services.metrics.count_request(route, 499)
+            # answer goes out, but it was a request, counted and logged (helper-99: a
+            # batch stored this way had no line at all): its client gone (499), or the
+            # server stopping at the drain's deadline (503, helper-102).
+            stopping = services.drain_deadline is not None and trio.current_time() >= services.drain_deadline
+            status, code = (503, "service_unavailable") if stopping else (499, "client_closed")
+            services.metrics.count_request(route, status)
             if access_log:
-                log_request(request, route, 499, "client_closed", seen.client_id, started)
+                log_request(request, route, status, code, seen.client_id, started)
             raise
         except Exception:
             log.exception("unexpected error on %s", route)

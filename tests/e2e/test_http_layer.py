@@ -768,3 +768,61 @@ async def test_a_request_cancelled_with_its_connection_is_still_logged(
     finally:
         await trio.to_thread.run_sync(lambda: holder.wait(timeout=10))
     assert 'collector_requests_total{route="/v1/events",status="499"} 1.0' in (await server.client.get("/metrics")).text
+
+
+def _h2_refused_body_beside_a_batch(base_url: str) -> dict[int, str]:
+    """One write: stream 1 a whole batch, stream 3 a bad key with its 12 KB body in 1 KB frames.
+    The status each stream got (`closed` when the connection ended first)."""
+    url = urlsplit(base_url)
+    statuses: dict[int, str] = {}
+    with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+        conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        head = [(":method", "POST"), (":path", "/v1/events"), (":authority", "x"), (":scheme", "http"),
+                ("origin", "https://acme.com"), ("content-type", "application/json")]
+        body = json.dumps(pageview("beside-1")).encode()
+        conn.send_headers(1, [*head, ("x-api-key", BROWSER_KEY), ("content-length", str(len(body)))])
+        conn.send_data(1, body, end_stream=True)
+        conn.send_headers(3, [*head, ("x-api-key", "cs_test_bogus000000000"), ("content-length", "12000")])
+        for n in range(12):
+            conn.send_data(3, b"x" * 1000, end_stream=n == 11)
+        sock.sendall(conn.data_to_send())
+        with contextlib.suppress(OSError):
+            while len(statuses) < 2 and (data := sock.recv(65536)):
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.ResponseReceived):
+                        statuses[event.stream_id] = dict(event.headers)[b":status"].decode()
+                sock.sendall(conn.data_to_send())
+    return statuses
+
+
+async def test_a_refused_streams_body_in_the_same_read_leaves_the_other_streams_answered(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # helper-102: the late-body check ran once per read, before hypercorn handled it;
+    # a stream answered while the read was delivered raised KeyError again, and the
+    # batch beside it was stored and never answered.
+    server = await start_server(nursery, tmp_path)
+    for _ in range(5):
+        assert await trio.to_thread.run_sync(_h2_refused_body_beside_a_batch, server.base_url) == {1: "202", 3: "401"}
+    assert "collector_connection_failures_total{" not in (await server.client.get("/metrics")).text
+
+
+async def test_a_client_that_closes_mid_request_is_logged_as_gone_not_as_a_bad_request(
+    nursery: trio.Nursery, tmp_path: Path, access_lines: Callable[[], list[dict[str, Any]]]
+) -> None:
+    # helper-102: h11 refuses a body cut short by the client's close, and it was logged
+    # 400 bad_request (HTTP/2 said 499 for the same).
+    server = await start_server(nursery, tmp_path, access_log=True)
+    async with await _open(server) as stream:
+        await stream.send_all(EVENTS_HEAD_1000.replace(b"Host: x\r\n", b"Host: x\r\nX-Request-ID: short-1\r\n")
+                              + b'{"events": [')
+    async with await _open(server) as stream:
+        await stream.send_all(b"GET /healthz HTTP/1.1\r\nHo")  # (half a head)
+    lines: list[tuple[str, int, str]] = []
+    for _ in range(50):
+        lines += [(line["route"], line["status"], line["error"]) for line in access_lines()]
+        if len(lines) >= 2:
+            break
+        await trio.sleep(0.1)
+    assert sorted(lines) == [("/v1/events", 499, "client_closed"), ("http_parser", 499, "client_closed")], lines

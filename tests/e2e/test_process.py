@@ -893,3 +893,28 @@ def test_a_drain_tells_http2_clients_to_open_no_more_streams(tmp_path: Path) -> 
         assert stopped_at is not None and time.monotonic() - stopped_at < 3  # (closed once idle)
     assert seen == ["max streams 0"], seen
     assert server.proc.wait(timeout=15) == 0
+
+
+def test_a_request_the_drain_gives_up_on_is_logged_as_the_servers_stop(tmp_path: Path) -> None:
+    # helper-102: a request still arriving when graceful_timeout ended the drain was
+    # logged 499 client_closed, though its client was still there.
+    config = tmp_path / "collector.toml"
+    config.write_text("graceful_timeout = 1\nread_timeout = 30\n")
+    data_dir = tmp_path / "data"
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "collector", "serve", "--bind", "127.0.0.1:0", "--data-dir", str(data_dir),
+         "--tenants", str(write_tenants(tmp_path / "t.json")), "--config", str(config)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert serve.stdout is not None and serve.stderr is not None
+    url = serve.stdout.readline().split("listening on ")[1].strip()
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /v1/events HTTP/1.1\r\nHost: x\r\nX-API-Key: " + BROWSER_KEY.encode()
+                     + b"\r\nOrigin: https://acme.com\r\nContent-Type: application/json\r\nX-Request-ID: held-1\r\n"
+                       b"Content-Length: 100\r\n\r\n{\"events\": [")
+        time.sleep(0.3)
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=15) == 0
+    lines = [json.loads(line) for line in serve.stderr.read().splitlines() if '"msg":"request"' in line]
+    assert [(line["requestId"], line["status"], line["error"]) for line in lines] == [
+        ("held-1", 503, "service_unavailable")], lines
