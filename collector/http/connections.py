@@ -480,7 +480,8 @@ class Connection(TCPServer):
             await trio.aclose_forcefully(self.stream)
 
     def _http2_stalled(self) -> bool:
-        """Whether an HTTP/2 client has been silent for read_timeout while the server waits on it.
+        """Whether an HTTP/2 client holds up a stream the server serves: silent for read_timeout
+        while one waits on it, or holding one up for request_timeout in all.
 
         b507702 stopped bounding HTTP/2 reads at all (a slow answer is not the
         client's doing), and a client that sent part of a body, or a window of
@@ -521,9 +522,9 @@ class Connection(TCPServer):
         protocol = self.protocol.protocol
         if isinstance(protocol, H2Protocol):
             # Its requests overlap, so no one deadline fits: while streams are open the
-            # read wakes now and then and asks whether the silence is the client's
-            # (_client_holds_up_http2). A stream opened later comes with data, and
-            # data sets a new deadline.
+            # read wakes once a second and asks whether the client holds one up
+            # (_http2_stalled). A stream opened later comes with data, and data is
+            # read with the next check's deadline.
             if not protocol.streams:
                 return math.inf  # the idle task's keep_alive_timeout bounds the wait
             # (a fixed schedule, not a deadline from the last read: a client sending
