@@ -80,9 +80,12 @@ _KEY_VERDICTS: dict[str, bool] = {}
 _KEY_VERDICTS_MAX = 4096
 _KEY_VERDICT_MAX_LEN = 64
 # A \u escape the raw scan cannot see through: one of a digit, a separator,
-# "%" or ".", or any escape right before a digit or a decimal point (it may
-# decode to a boundary, and its last hex digit looks like a digit).
-_HIDING_ESCAPE = re.compile(rb"\\u00(?:3[0-9]|2[05bBdDeE]|[aA]0)|\\u[0-9a-fA-F]{4}(?=\.?[0-9])")
+# "%" or ".", or any escape right before a digit, a decimal point or separators
+# and a digit (it may decode to a boundary, and its last hex digit looks like a
+# digit glued to the run: "\u00b9+3780..." hid an Amex number behind a "+").
+_HIDING_ESCAPE = re.compile(
+    rb"\\u00(?:3[0-9]|2[05bBdDeE]|[aA]0)|\\u[0-9a-fA-F]{4}(?=(?:\.|(?:[ +\-]|%20|\xc2\xa0){1,3})?[0-9])"
+)
 _RAW_ESCAPE = re.compile(rb"\\(?:u[0-9a-fA-F]{4}|.)")
 
 
