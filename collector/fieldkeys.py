@@ -162,9 +162,7 @@ def refuse_a_lost_key_file(storage: Storage, path: Path) -> None:
         problem = "is missing"
     elif lacking := sorted(set(recorded) - set(_read(path).keys)):
         problem = f"lacks key {', '.join(lacking)}"
-    elif other := sorted(
-        kid for kid, made in key_prints(path).items() if recorded_key_prints(storage).get(kid, made) != made
-    ):
+    elif other := _other_keys(storage, path):
         problem = f"holds another key under {', '.join(other)} (another installation's file?)"
     else:
         return
@@ -173,6 +171,12 @@ def refuse_a_lost_key_file(storage: Storage, path: Path) -> None:
         f" key {', '.join(recorded)}: put the right file back (`collector backup --with-field-keys`"
         " copies it). Nothing was changed"
     )
+
+
+def _other_keys(storage: Storage, path: Path) -> list[str]:
+    """The ids under which the key file holds another key than the one the directory first recorded."""
+    recorded = recorded_key_prints(storage)
+    return sorted(kid for kid, made in key_prints(path).items() if recorded.get(kid, made) != made)
 
 
 def load(path: Path) -> FieldSealer:

@@ -71,12 +71,15 @@ def disk_nearly_full(path: str) -> bool:
         return False
 
 
-def describe_full(exc: lmdb.Error, path: str | None) -> str:
-    """The message of a StorageFull: LMDB's, and what it means when LMDB said EIO."""
+def storage_error(exc: lmdb.Error, path: str | None = None) -> StorageError:
+    """LMDB's error as the storage error it is: StorageFull for lack of room (saying
+    what an EIO then means), else StorageError with LMDB's message."""
     message = str(exc)
+    if not is_full(exc, path):
+        return StorageError(message)
     if "Input/output error" in message:
-        return f"{message}: the disk holding {path} is full (a write came up short)"
-    return message
+        message = f"{message}: the disk holding {path} is full (a write came up short)"
+    return StorageFull(message)
 
 
 @contextlib.contextmanager
@@ -88,9 +91,7 @@ def mapped_lmdb_errors(path: str | None = None) -> Iterator[None]:
     try:
         yield
     except lmdb.Error as exc:
-        if is_full(exc, path):
-            raise StorageFull(describe_full(exc, path)) from exc
-        raise StorageError(str(exc)) from exc
+        raise storage_error(exc, path) from exc
     except OSError as exc:
         raise StorageError(str(exc)) from exc
 

@@ -9,6 +9,8 @@ refused instead (collector.fieldkeys.settle_key_file).
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 import lmdb
 import msgspec
 
@@ -23,23 +25,14 @@ FIELD_KEY_PRINTS = b"field_key_prints"
 
 def recorded_key_ids(storage: Storage) -> list[str]:
     with mapped_lmdb_errors(), storage.read() as txn:
-        raw = txn.get(FIELD_KEY_IDS, db=storage.dbs.meta)
-    if raw is None:
-        return []
-    try:
-        return msgspec.json.decode(bytes(raw), type=list[str])
-    except UNREADABLE_RECORD:
-        return ["(unreadable record)"]  # something was recorded: a missing file is still refused
+        # (unreadable, something was recorded: a missing file is still refused)
+        return _stored(txn, storage, FIELD_KEY_IDS, list[str], [], ["(unreadable record)"])
 
 
 def recorded_key_prints(storage: Storage) -> dict[str, str]:
     """Key id -> the fingerprint of the key first recorded under it ({} before any, or unreadable)."""
     with mapped_lmdb_errors(), storage.read() as txn:
-        raw = txn.get(FIELD_KEY_PRINTS, db=storage.dbs.meta)
-    try:
-        return msgspec.json.decode(bytes(raw), type=dict[str, str]) if raw is not None else {}
-    except UNREADABLE_RECORD:
-        return {}
+        return _stored(txn, storage, FIELD_KEY_PRINTS, dict[str, str], {}, {})
 
 
 def record_key_ids(storage: Storage, key_ids: list[str], prints: dict[str, str] | None = None) -> None:
@@ -47,21 +40,27 @@ def record_key_ids(storage: Storage, key_ids: list[str], prints: dict[str, str] 
     (written only when that changes them)."""
 
     def merge(txn: lmdb.Transaction) -> None:
-        raw = txn.get(FIELD_KEY_IDS, db=storage.dbs.meta)
-        try:
-            known = msgspec.json.decode(bytes(raw), type=list[str]) if raw is not None else []
-        except UNREADABLE_RECORD:
-            known = []
+        known = _stored(txn, storage, FIELD_KEY_IDS, list[str], [], [])
         merged = sorted({*known, *key_ids})
         if merged != known:
             txn.put(FIELD_KEY_IDS, msgspec.json.encode(merged), db=storage.dbs.meta)
         if prints:
-            raw = txn.get(FIELD_KEY_PRINTS, db=storage.dbs.meta)
-            try:
-                had = msgspec.json.decode(bytes(raw), type=dict[str, str]) if raw is not None else {}
-            except UNREADABLE_RECORD:
-                had = {}
+            had = _stored(txn, storage, FIELD_KEY_PRINTS, dict[str, str], {}, {})
             if set(prints) - set(had):
                 txn.put(FIELD_KEY_PRINTS, msgspec.json.encode({**prints, **had}), db=storage.dbs.meta)
 
     storage.write_transaction(merge)
+
+
+_V = TypeVar("_V")
+
+
+def _stored(txn: Any, storage: Storage, key: bytes, kind: type[_V], absent: _V, unreadable: _V) -> _V:
+    """The JSON record at `key` in meta, `absent` when there is none, `unreadable` when it does not decode."""
+    raw = txn.get(key, db=storage.dbs.meta)
+    if raw is None:
+        return absent
+    try:
+        return msgspec.json.decode(bytes(raw), type=kind)
+    except UNREADABLE_RECORD:
+        return unreadable

@@ -27,7 +27,7 @@ import msgspec
 import trio
 
 from storage.env import Storage
-from storage.errors import StorageError, StorageFull, WriterBusy, describe_full, is_full
+from storage.errors import StorageError, StorageFull, WriterBusy, storage_error
 from storage.outbox import NEXT_SEQ, Appended
 from storage.throttled_log import ThrottledLog
 
@@ -260,10 +260,8 @@ class GroupCommitWriter:
                 self._fail(pending, StorageFull("the data directory is full"))
                 return
             except lmdb.Error as exc:
-                path = str(self.storage.path)
-                full = is_full(exc, path)
-                message = describe_full(exc, path) if full else str(exc)
-                error: StorageError = StorageFull(message) if full else StorageError(message)
+                error = storage_error(exc, str(self.storage.path))
+                message = str(error)
                 _commit_failed("commit failed: %s", message, cause=message)
                 self._fail(pending, error)
                 return
