@@ -131,18 +131,19 @@ def bot_classifier(settings: Settings) -> BotClassifier:
 
 
 def trusted_proxies(settings: Settings) -> TrustedProxies:
-    try:
-        return TrustedProxies(settings.trusted_proxies)
-    except ValueError as exc:
-        raise SettingsError(f"trusted_proxies: {exc}") from None
+    return _networks("trusted_proxies", settings.trusted_proxies)
 
 
 def metrics_readers(settings: Settings) -> TrustedProxies:
     """The networks whose clients may read /metrics (a set of networks, as trusted_proxies is)."""
+    return _networks("metrics_from", settings.metrics_from)
+
+
+def _networks(setting: str, cidrs: list[str]) -> TrustedProxies:
     try:
-        return TrustedProxies(settings.metrics_from)
+        return TrustedProxies(cidrs)
     except ValueError as exc:
-        raise SettingsError(f"metrics_from: {exc}") from None
+        raise SettingsError(f"{setting}: {exc}") from None
 
 
 def build_services(

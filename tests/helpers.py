@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import h2.config
+import h2.connection
+import h2.settings
 import trio
 
 
@@ -83,3 +90,21 @@ def read_stored(data_dir: Path, db: str, key: bytes) -> bytes | None:
         check=True, capture_output=True, timeout=60, text=True,
     )
     return bytes.fromhex(result.stdout) if result.stdout else None
+
+
+@contextlib.contextmanager
+def h2_client(
+    base_url: str, *, timeout: float = 5, settings: dict[int, int] | None = None
+) -> Iterator[tuple[socket.socket, h2.connection.H2Connection]]:
+    """A socket to the server and an HTTP/2 client connection (prior knowledge) on it.
+
+    The preface is queued, not sent: the caller's first `sendall` carries it with
+    whatever it adds, in one write. `settings`: the client's own (a window of zero).
+    """
+    url = urlsplit(base_url)
+    with socket.create_connection((url.hostname, url.port), timeout=timeout) as sock:
+        conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
+        if settings:
+            conn.local_settings = h2.settings.Settings(client=True, initial_values=settings)
+        conn.initiate_connection()
+        yield sock, conn

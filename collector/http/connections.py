@@ -479,6 +479,11 @@ class Connection(TCPServer):
             # until request_timeout cancels its handler: the client is cut now)
             await trio.aclose_forcefully(self.stream)
 
+    def _http2_checked_stalled(self) -> bool:
+        """The stall check, run now, the next one a second from now."""
+        self._http2_next_check = trio.current_time() + HTTP2_STALL_CHECK_S
+        return self._http2_stalled()
+
     def _http2_stalled(self) -> bool:
         """Whether an HTTP/2 client holds up a stream the server serves: silent for read_timeout
         while one waits on it, or holding one up for request_timeout in all.
@@ -554,21 +559,17 @@ class Connection(TCPServer):
             self._read_scope = None
             http2 = isinstance(self.protocol.protocol, H2Protocol)
             if scope.cancelled_caught:  # read_timeout or request_timeout inside a request
-                if http2:
-                    self._http2_next_check = trio.current_time() + HTTP2_STALL_CHECK_S
-                    if not self._http2_stalled():
-                        continue
+                if http2 and not self._http2_checked_stalled():
+                    continue
                 await self._cut(http2)
                 break
             now = self._last_data = trio.current_time()
-            if http2 and data and now >= self._http2_next_check:
-                # (a client that never lets a read wait, a PING a millisecond, is
-                # looked at on the same schedule: helper-99)
-                self._http2_next_check = now + HTTP2_STALL_CHECK_S
-                if self._http2_stalled():
-                    await self._cut(http2)
-                    break
-            if data and self._idle and self._head_began is None and not isinstance(self.protocol.protocol, H2Protocol):
+            # (a client that never lets a read wait, a PING a millisecond, is looked
+            # at on the same schedule: helper-99)
+            if http2 and data and now >= self._http2_next_check and self._http2_checked_stalled():
+                await self._cut(http2)
+                break
+            if data and self._idle and self._head_began is None and not http2:
                 self._head_began = trio.current_time()
             await self.protocol.handle(RawData(bytes(data)))
             if self._http1 and isinstance(self.protocol.protocol, H2Protocol):

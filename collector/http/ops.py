@@ -125,24 +125,19 @@ def _route(
                 headers={"Allow": "GET, HEAD"},
             )
         if error is not None:
-            services.metrics.count_request(path, error.status)
-            await send_refusal(request, receive, send, error, [("X-Request-ID", request.request_id)])
             status, code = error.status, error.code
+            answering = send_refusal(request, receive, send, error, [("X-Request-ID", request.request_id)])
         else:
             status, body, headers = await answer()
-            services.metrics.count_request(path, status)
             headers.append(("X-Request-ID", request.request_id))
             code = None if status < 400 else "not_ready"
-            try:
-                await send_response(
-                    send, status, body, headers, content_type, head=request.method == "HEAD"
-                )
-            finally:  # (an answer cut off while sent is still a request answered: helper-93)
-                if services.settings.access_log:
-                    log_request(request, path, status, code, None, started)
-            return
-        if services.settings.access_log:
-            log_request(request, path, status, code, None, started)
+            answering = send_response(send, status, body, headers, content_type, head=request.method == "HEAD")
+        services.metrics.count_request(path, status)
+        try:
+            await answering
+        finally:  # (an answer cut off while sent is still a request answered: helper-93)
+            if services.settings.access_log:
+                log_request(request, path, status, code, None, started)
 
     return handle
 

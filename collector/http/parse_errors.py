@@ -50,33 +50,30 @@ def answer_parse_errors(protocol: H11Protocol, unrouted: UnroutedAnswers) -> Non
         started = time.perf_counter()
         stream = protocol.stream
         in_request = stream is not None and hasattr(stream, "scope")
-        if getattr(protocol.connection, "_receive_buffer_closed", False):
-            # h11 refuses a request its client closed in the middle of ("peer closed
-            # connection without sending complete message body"): no one is there to
-            # answer, and it is the client's leaving, 499 (helper-102: logged as 400).
-            if in_request:
-                stream.scope[PARSER_REFUSAL] = (499, "client_closed")  # type: ignore[union-attr,literal-required]
-            else:
-                unrouted.record(stand_in_request("-", "-", ""), ACCESS_ROUTE, 499, "client_closed", started)
-            return
         scope: Any = stream.scope if in_request else None  # type: ignore[union-attr]
         request = Request(scope) if in_request else stand_in_request("-", "-", "")
         error = _error_for(status_code, protocol.config.h11_max_incomplete_size)
-        body = render_error(error)
-        headers: list[tuple[bytes, Any]] = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"x-request-id", request.request_id.encode("latin-1")),
-            (b"connection", b"close"),
-            *protocol.config.response_headers("h11"),
-        ]
+        # h11 also refuses a request its client closed in the middle of ("peer closed
+        # connection without sending complete message body"): no one is there to
+        # answer, and it is the client's leaving, 499 (helper-102: logged as 400).
+        client_gone = getattr(protocol.connection, "_receive_buffer_closed", False)
+        status, code = (499, "client_closed") if client_gone else (status_code, error.code)
         if in_request:  # the route, told the client left, logs what was answered instead
-            scope[PARSER_REFUSAL] = (status_code, error.code)
-        await protocol._send_h11_event(h11.Response(status_code=status_code, headers=headers))
-        await protocol._send_h11_event(h11.Data(data=body))
-        await protocol._send_h11_event(h11.EndOfMessage())
+            scope[PARSER_REFUSAL] = (status, code)
+        if not client_gone:
+            body = render_error(error)
+            headers: list[tuple[bytes, Any]] = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"x-request-id", request.request_id.encode("latin-1")),
+                (b"connection", b"close"),
+                *protocol.config.response_headers("h11"),
+            ]
+            await protocol._send_h11_event(h11.Response(status_code=status_code, headers=headers))
+            await protocol._send_h11_event(h11.Data(data=body))
+            await protocol._send_h11_event(h11.EndOfMessage())
         # A request a route already saw is counted and logged when its handler ends.
         if not in_request:
-            unrouted.record(request, ACCESS_ROUTE, status_code, error.code, started)
+            unrouted.record(request, ACCESS_ROUTE, status, code, started)
 
     protocol._send_error_response = send_error_response  # type: ignore[method-assign]

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import h2.config
 import h2.connection
 import h2.events
 import h2.exceptions
@@ -25,7 +24,7 @@ import trio
 from collector.http import access_log
 from collector.log_sink import stderr_sink
 from tests.conftest import BROWSER_KEY, RunningServer, pageview, start_server
-from tests.helpers import outbox_dump
+from tests.helpers import h2_client, outbox_dump
 
 
 def _h2_body_after_the_answer(base_url: str) -> list[str]:
@@ -36,11 +35,8 @@ def _h2_body_after_the_answer(base_url: str) -> list[str]:
     exception once stopped the whole server, then ended the connection with every
     other stream on it (helper-99); RFC 9113 8.1 lets the body come.
     """
-    url = urlsplit(base_url)
     seen: list[str] = []
-    with socket.create_connection((url.hostname, url.port), timeout=5) as sock:
-        conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
-        conn.initiate_connection()
+    with h2_client(base_url, timeout=5) as (sock, conn):
         sock.sendall(conn.data_to_send())
         stream = conn.get_next_available_stream_id()
         conn.send_headers(stream, [
@@ -283,10 +279,7 @@ def _h2_status(sock: socket.socket, conn: h2.connection.H2Connection) -> str:
 
 def _h2_request_after(base_url: str, wait: float) -> str:
     """HTTP/2 with prior knowledge: the preface, `wait` seconds of nothing, then GET /healthz."""
-    url = urlsplit(base_url)
-    with socket.create_connection((url.hostname, url.port), timeout=5) as sock:
-        conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
-        conn.initiate_connection()
+    with h2_client(base_url, timeout=5) as (sock, conn):
         sock.sendall(conn.data_to_send())
         time.sleep(wait)
         conn.send_headers(1, [(":method", "GET"), (":path", "/healthz"), (":authority", "x"), (":scheme", "http")],
@@ -349,12 +342,8 @@ def _h2_stall(base_url: str, how: str) -> float | None:
     PING every 0.3 s; `flood`: PINGs as fast as the answers come); `window`: a
     client window of zero, so the answer to a GET /metrics cannot be sent.
     """
-    url = urlsplit(base_url)
-    with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
-        settings = {h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0} if how == "window" else {}
-        conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
-        conn.local_settings = h2.settings.Settings(client=True, initial_values=settings)
-        conn.initiate_connection()
+    settings = {h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0} if how == "window" else {}
+    with h2_client(base_url, timeout=10, settings=settings) as (sock, conn):
         head = [(":authority", "x"), (":scheme", "http")]
         if how in ("body", "pings", "flood"):
             conn.send_headers(1, [(":method", "POST"), (":path", "/v1/events"), *head,
@@ -395,10 +384,7 @@ def _h2_stall(base_url: str, how: str) -> float | None:
 def _h2_post(base_url: str, body: bytes, refused_first: bool = False) -> str:
     """The status of one whole HTTP/2 POST /v1/events; `refused_first`: after a request
     on the same connection refused before its body (Expect: 100-continue, a bad key)."""
-    url = urlsplit(base_url)
-    with socket.create_connection((url.hostname, url.port), timeout=20) as sock:
-        conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
-        conn.initiate_connection()
+    with h2_client(base_url, timeout=20) as (sock, conn):
         head = [(":method", "POST"), (":path", "/v1/events"), (":authority", "x"), (":scheme", "http")]
         if refused_first:
             conn.send_headers(1, [*head, ("x-api-key", "cs_live_nosuchkey000"), ("expect", "100-continue"),
@@ -482,10 +468,7 @@ async def test_a_client_that_reads_nothing_is_cut_off_at_the_request_timeout(
 
 
 def _h2_request_then_close(base_url: str) -> None:
-    url = urlsplit(base_url)
-    with socket.create_connection((url.hostname, url.port), timeout=5) as sock:
-        conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
-        conn.initiate_connection()
+    with h2_client(base_url, timeout=5) as (sock, conn):
         conn.send_headers(1, [(":method", "GET"), (":path", "/healthz"), (":authority", "x"), (":scheme", "http")],
                           end_stream=True)
         sock.sendall(conn.data_to_send())
@@ -773,11 +756,8 @@ async def test_a_request_cancelled_with_its_connection_is_still_logged(
 def _h2_refused_body_beside_a_batch(base_url: str) -> dict[int, str]:
     """One write: stream 1 a whole batch, stream 3 a bad key with its 12 KB body in 1 KB frames.
     The status each stream got (`closed` when the connection ended first)."""
-    url = urlsplit(base_url)
     statuses: dict[int, str] = {}
-    with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
-        conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
-        conn.initiate_connection()
+    with h2_client(base_url, timeout=10) as (sock, conn):
         head = [(":method", "POST"), (":path", "/v1/events"), (":authority", "x"), (":scheme", "http"),
                 ("origin", "https://acme.com"), ("content-type", "application/json")]
         body = json.dumps(pageview("beside-1")).encode()

@@ -20,7 +20,7 @@ import pytest
 import trio
 
 from tests.conftest import BROWSER_KEY, PAID_KEY, SERVER_KEY, pageview, write_tenants
-from tests.helpers import run_cli
+from tests.helpers import h2_client, run_cli
 
 H = {"X-API-Key": BROWSER_KEY, "Origin": "https://acme.com"}
 
@@ -864,19 +864,12 @@ def test_a_service_started_with_stdout_and_stderr_closed_keeps_its_files_off_fd_
 def test_a_drain_tells_http2_clients_to_open_no_more_streams(tmp_path: Path) -> None:
     # helper-99: HTTP/2 has no Connection: close, and a client went on opening streams
     # for the whole graceful_timeout, then lost those in flight.
-    from urllib.parse import urlsplit
-
-    import h2.config
-    import h2.connection
     import h2.events
     import h2.settings
 
     server = ServerProcess(tmp_path)
-    url = urlsplit(server.url)
     seen: list[str] = []
-    with socket.create_connection((url.hostname, url.port), timeout=5) as sock:
-        conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
-        conn.initiate_connection()
+    with h2_client(server.url) as (sock, conn):
         conn.send_headers(1, [(":method", "GET"), (":path", "/healthz"), (":authority", "x"), (":scheme", "http")],
                           end_stream=True)
         sock.sendall(conn.data_to_send())
