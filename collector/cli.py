@@ -430,6 +430,12 @@ def cmd_usage_show(args: argparse.Namespace) -> int:
                           on_damaged_counter=damaged)
         for row in rows:
             print(_json.encode(row).decode())
+    if args.account is not None and not rows and not damaged.status:
+        # An empty answer would read as "uses nothing" for a misspelt name.
+        period = args.period or "this period"
+        print(f"collector: no account {args.account!r}: no key names it and it has no usage in {period}",
+              file=sys.stderr)
+        return 2
     return max(skipped.status, damaged.status)
 
 

@@ -472,3 +472,22 @@ async def test_an_unreadable_counter_is_named_and_never_billed_as_zero(
     problems = out[0]["problems"]
     assert status == 1 and {f"usage counter paidco/{period}/{kind} is malformed"
                              for kind in ("pageview", "pageview_overage")} <= set(problems), problems
+
+
+def test_usage_show_names_an_account_it_does_not_know(tmp_path: Path) -> None:
+    # A misspelt --account printed nothing and exited 0, which reads as "used nothing".
+    tenants_file = tmp_path / "tenants.json"
+    tenants_file.write_text(json.dumps(TENANTS))
+    data_dir = tmp_path / "data"
+    run_cli("tenants", "import", str(tenants_file), data_dir=data_dir)
+
+    known = run_cli("usage", "show", "--account", "freeco", data_dir=data_dir)
+    assert {json.loads(line)["unit"] for line in known.stdout.splitlines()} == {"pageview", "coverage"}
+
+    unknown = run_cli("usage", "show", "--account", "freeco-typo", "--period", "2026-11", data_dir=data_dir,
+                      check=False)
+    assert unknown.returncode == 2
+    assert unknown.stdout == ""
+    assert unknown.stderr.strip() == (
+        "collector: no account 'freeco-typo': no key names it and it has no usage in 2026-11"
+    )
