@@ -93,6 +93,39 @@ async def test_an_event_id_sent_to_two_sites_of_a_tenant_is_a_conflict_not_a_dup
     assert [(row["eid"], row["siteId"]) for row in await outbox_dump(server.data_dir)] == [("xs-1", "web")]
 
 
+async def test_the_cross_site_check_reads_the_receipts_of_a_restored_node(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # A restored directory gets a new node id; its old receipts were once taken as
+    # another node's and never checked (helper-103).
+    tenants = {"keys": [{"key": "cs_live_twosites00", "clientId": "two", "plan": "paid", "sites": [
+        {"siteId": "web", "domains": ["two.com"]}, {"siteId": "shop", "domains": ["twoshop.net"]}]}]}
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+    first = await start_server(nursery, tmp_path / "first", tenants)
+    event = pageview("rs-1", type="custom", name="n")
+
+    async def send(server: RunningServer, origin: str) -> httpx.Response:
+        return await server.client.post(
+            "/v1/events", json=event, headers={"X-API-Key": "cs_live_twosites00", "Origin": origin})
+
+    stored = await send(first, "https://two.com")
+    assert stored.status_code == 202
+    backup = tmp_path / "backup"
+    await trio.to_thread.run_sync(lambda: run_cli("backup", "--with-field-keys", str(backup), data_dir=first.data_dir))
+    restored = tmp_path / "restored"
+    said = await trio.to_thread.run_sync(lambda: run_cli("restore", str(backup), data_dir=restored))
+    assert json.loads(said.stdout)["restoredNodeId"] not in stored.json()["receiptIds"][0]
+
+    second = await start_server(nursery, tmp_path / "second", tenants, data_dir=str(restored))
+    retry = await send(second, "https://two.com")
+    assert (retry.status_code, retry.json()["duplicates"]) == (202, 1)
+    assert retry.json()["receiptIds"] == stored.json()["receiptIds"]
+    other = await send(second, "https://twoshop.net")
+    assert (other.status_code, other.json()["error"]) == (409, "idempotency_conflict")
+    assert "another of this tenant's sites" in other.json()["message"]
+
+
 async def test_conflict_inside_one_batch(server: RunningServer) -> None:
     response = await post(server, {"events": [pageview("d1"), pageview("d1", visitorId="x")]})
     assert response.status_code == 409
