@@ -221,3 +221,23 @@ def test_backup_and_restore_onto_a_full_disk_name_the_path_and_keep_nothing(smal
     assert restored.returncode == 2, restored.stderr
     assert f"restore into {small_disk / 'restored'} failed while copying" in restored.stderr, restored.stderr
     assert not (small_disk / "restored").exists()
+
+
+def test_a_field_key_rotation_whose_record_fails_says_the_file_is_rotated(tmp_path: Path) -> None:
+    # helper-100: the file had the new active key while the message read as if nothing
+    # had happened, so a rerun rotated again.
+    data_dir = tmp_path / "data"
+    run_cli("tenants", "import", str(write_tenants(tmp_path / "tenants.json")), data_dir=data_dir)
+    assert run_cli("keys", "rotate-field-key", data_dir=data_dir).stdout.strip() == "k1"
+    size = (data_dir / "data.mdb").stat().st_size
+    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    refused = subprocess.run(
+        [sys.executable, "-m", "collector", "keys", "rotate-field-key", "--data-dir", str(data_dir)],
+        capture_output=True, text=True, timeout=60,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard)),  # data.mdb may not grow
+    )
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stderr.startswith(
+        "collector: storage error: the key file now holds k2, active, but recording it in the data directory failed (")
+    assert refused.stderr.rstrip().endswith("); the next start of serve records it")
+    assert '"active": "k2"' in (data_dir / "field-keys.json").read_text()
