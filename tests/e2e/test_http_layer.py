@@ -399,6 +399,48 @@ def _h2_post(base_url: str, body: bytes, refused_first: bool = False) -> str:
         return _h2_status(sock, conn)
 
 
+def _h2_slow_answer_read_through_a_small_window(base_url: str, body: bytes) -> bytes | None:
+    """POST `body` with a client window of 8 bytes, wait a second once the answer's head
+    has come, then widen the window: the whole answer body (None: cut first)."""
+    settings = {h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 8}
+    with h2_client(base_url, timeout=15, settings=settings) as (sock, conn):
+        conn.send_headers(1, [(":method", "POST"), (":path", "/v1/events"), (":authority", "x"), (":scheme", "http"),
+                              ("x-api-key", BROWSER_KEY), ("origin", "https://acme.com"),
+                              ("content-type", "application/json"), ("content-length", str(len(body)))])
+        conn.send_data(1, body, end_stream=True)
+        sock.sendall(conn.data_to_send())
+        answer, widened = b"", False
+        while data := sock.recv(65536):
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.DataReceived):
+                    answer += event.data
+                    conn.acknowledge_received_data(event.flow_controlled_length, 1)
+                elif isinstance(event, h2.events.StreamEnded):
+                    return answer
+            if answer and not widened:
+                time.sleep(1)  # held up by this client for a second, well within request_timeout
+                conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 65535})
+                widened = True
+            sock.sendall(conn.data_to_send())
+        return None
+
+
+async def test_an_http2_answer_slow_on_the_server_side_is_not_cut_when_its_client_then_holds_it_up(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # helper-102: request_timeout for a held-up stream ran from when the stream opened,
+    # so a commit that waited 3 s for LMDB's write lock, then a small client window,
+    # cut the connection at once: the server's slowness was counted against the client.
+    server = await start_server(nursery, tmp_path, read_timeout=30, request_timeout=2)
+    holder = await trio.to_thread.run_sync(_hold_the_write_lock, server.data_dir, 3)
+    try:
+        body = json.dumps(pageview("held-after-slow")).encode()
+        answer = await trio.to_thread.run_sync(_h2_slow_answer_read_through_a_small_window, server.base_url, body)
+    finally:
+        await trio.to_thread.run_sync(lambda: holder.wait(timeout=10))
+    assert answer is not None and json.loads(answer)["accepted"] == 1
+
+
 async def test_an_http2_client_that_stalls_is_cut_at_the_read_timeout(
     nursery: trio.Nursery, tmp_path: Path, access_lines: Callable[[], list[dict[str, Any]]]
 ) -> None:
