@@ -69,9 +69,13 @@ def verify_server_signature(
     # Unix seconds have ten digits until 2286; a longer string is far outside
     # the window (and converting thousands of digits would itself fail).
     if len(ts) > 12 or abs(now_s - int(ts)) > WINDOW_S:
+        # (milliseconds, as event timestamps are, would never pass however fresh: say so)
+        in_ms = len(ts) <= 16 and abs(now_s - int(ts) / 1000) <= WINDOW_S
         raise ServiceError(
             "server_signature_expired",
-            "X-CS-Timestamp is more than five minutes from the collector clock; re-sign with the current time",
+            "X-CS-Timestamp is unix seconds, and this one reads as milliseconds; sign with the time in seconds"
+            if in_ms
+            else "X-CS-Timestamp is more than five minutes from the collector clock; re-sign with the current time",
         )
     if not _SIGNATURE.fullmatch(signature.strip()):
         raise ServiceError("invalid_server_signature", "X-CS-Signature must be v1=<64 lowercase hex>")

@@ -1,4 +1,5 @@
-"""hypercorn's HTTP/2 protocol with the body of an answered stream let past.
+"""hypercorn's HTTP/2 protocol with the body of an answered stream let past, and
+GOAWAY that lets the streams already open finish.
 
 RFC 9113 8.1 lets a client go on sending the body of a request the server has
 already answered (an early 401, 413 or 429 refusal). hypercorn forgets a stream
@@ -8,20 +9,66 @@ them stored and never answered (helper-99). Such DATA is acknowledged (the
 connection's window must not shrink for it) and, once the answer has gone out
 in full, the stream is reset with NO_ERROR, which tells the client to stop
 sending it (a reset before would discard the answer).
+
+GOAWAY (RFC 9113 6.8) says the sender opens no more streams: those already open
+still get their answers. h2 (the library) instead closes the whole connection
+state on one, sent or received, and refuses every answer still due; hypercorn then
+ends the connection. So a client's graceful GOAWAY lost the answers in flight, and
+the server's own at `keep_alive_max_requests` promised to process the last stream
+(and those before it) and answered none of them, its batch stored: the client
+hung until it gave up (helper-99). Here a GOAWAY with NO_ERROR leaves the
+connection open until its last stream is done, then closes it; a stream opened
+after it anyway is refused (REFUSED_STREAM: not processed, safe to retry).
 """
 
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
+import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
 import hypercorn.protocol
+from hypercorn.events import Closed
+from hypercorn.protocol.events import Event as StreamEvent
+from hypercorn.protocol.events import StreamClosed
 from hypercorn.protocol.h2 import H2Protocol
+from hyperframe.frame import Frame, GoAwayFrame
 
 
 class CollectorH2Protocol(H2Protocol):
+    # The last stream id processed once either side sent GOAWAY (None: neither did).
+    _going_away_after: int | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        connection = self.connection
+        dispatch = connection._frame_dispatch_table  # (h2 has no hook for a received GOAWAY)
+        self._close_on_goaway = dispatch[GoAwayFrame]
+        dispatch[GoAwayFrame] = self._receive_goaway
+        # hypercorn's own GOAWAY (at keep_alive_max_requests): must not close h2's side even
+        # for the moment it awaits sending it, or a stream answering then loses its answer
+        self._send_goaway_and_close = connection.close_connection
+        connection.close_connection = self._send_goaway  # type: ignore[method-assign]
+
+    def _receive_goaway(self, frame: Frame) -> tuple[list[Frame], list[h2.events.Event]]:
+        assert isinstance(frame, GoAwayFrame)
+        # (streams whose HEADERS came in this read are h2's, not yet hypercorn's)
+        if frame.error_code != h2.errors.ErrorCodes.NO_ERROR or not (
+            self.streams or self.connection.open_inbound_streams
+        ):
+            return self._close_on_goaway(frame)  # h2's own: the connection ends now
+        # The client opens no more streams; this connection lives until those open are
+        # answered (no ConnectionTerminated event: hypercorn would end it at once).
+        self._go_away_after(self.connection.highest_inbound_stream_id)
+        return [], []
+
+    def _go_away_after(self, last_stream_id: int) -> None:
+        if self._going_away_after is None:
+            self._going_away_after = last_stream_id
+
     async def _handle_events(self, events: list[h2.events.Event]) -> None:
         # One event at a time: a stream can be answered and let go while the events of
         # one read are being handled (the route runs once hypercorn's queue to it is
@@ -30,8 +77,40 @@ class CollectorH2Protocol(H2Protocol):
             if isinstance(event, h2.events.DataReceived) and event.stream_id not in self.streams:
                 self._drop_late_body(event)
                 await self._flush()
+            elif isinstance(event, h2.events.RequestReceived) and event.stream_id > (
+                self._going_away_after if self._going_away_after is not None else event.stream_id
+            ):
+                self._refuse_stream_after_goaway(event.stream_id)
+                await self._flush()
             else:
                 await super()._handle_events([event])
+
+    def _send_goaway(
+        self, error_code: int = 0, additional_data: bytes | None = None, last_stream_id: int | None = None
+    ) -> None:
+        connection = self.connection
+        in_flight = self.streams or connection.open_inbound_streams
+        if error_code != h2.errors.ErrorCodes.NO_ERROR or not in_flight:
+            self._send_goaway_and_close(error_code, additional_data, last_stream_id)
+        elif self._going_away_after is None:
+            state = connection.state_machine.state
+            self._send_goaway_and_close(error_code, additional_data, last_stream_id)
+            connection.state_machine.state = state
+            self._go_away_after(connection.highest_inbound_stream_id if last_stream_id is None else last_stream_id)
+        # (else: one GOAWAY said it already)
+
+    def _refuse_stream_after_goaway(self, stream_id: int) -> None:
+        with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+            self.connection.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+
+    async def stream_send(self, event: StreamEvent) -> None:
+        await super().stream_send(event)
+        if isinstance(event, StreamClosed) and self._going_away_after is not None and not self.streams:
+            # the last stream taken before GOAWAY is done: now the connection ends
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self._send_goaway_and_close(last_stream_id=self._going_away_after)
+            await self._flush()
+            await self.send(Closed())
 
     def _drop_late_body(self, event: h2.events.DataReceived) -> None:
         connection = self.connection

@@ -15,11 +15,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import h2.connection
+import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
 import pytest
 import trio
+from hyperframe.frame import GoAwayFrame
 
 from collector.http import access_log
 from collector.log_sink import stderr_sink
@@ -439,6 +441,67 @@ async def test_an_http2_answer_slow_on_the_server_side_is_not_cut_when_its_clien
     finally:
         await trio.to_thread.run_sync(lambda: holder.wait(timeout=10))
     assert answer is not None and json.loads(answer)["accepted"] == 1
+
+
+def _h2_posts_around_goaway(base_url: str, bodies: list[bytes], client_goaway_before: int | None) -> dict[str, Any]:
+    """POST each of `bodies` on its own stream, all in one write (with the client's own
+    GOAWAY before body number `client_goaway_before`), and read until the server
+    closes: each stream's status or reset code, and the last stream ids of the
+    server's GOAWAY frames."""
+    with h2_client(base_url, timeout=10) as (sock, conn):
+        # (h2 itself drops its side of a connection on GOAWAY, as the server's did: the
+        # frame is noted here and the connection kept, as a browser keeps it)
+        goaways: list[int] = []
+        conn._frame_dispatch_table[GoAwayFrame] = lambda frame: (goaways.append(frame.last_stream_id), ([], []))[1]
+        for n, body in enumerate(bodies):
+            if n == client_goaway_before:
+                conn.close_connection()
+                conn.state_machine.state = h2.connection.ConnectionState.CLIENT_OPEN  # (sends on, as above)
+            stream = 1 + 2 * n
+            conn.send_headers(stream, [(":method", "POST"), (":path", "/v1/events"), (":authority", "x"),
+                                       (":scheme", "http"), ("x-api-key", BROWSER_KEY), ("origin", "https://acme.com"),
+                                       ("content-type", "application/json"), ("content-length", str(len(body)))])
+            conn.send_data(stream, body, end_stream=True)
+        if client_goaway_before == len(bodies):
+            conn.close_connection()
+            conn.state_machine.state = h2.connection.ConnectionState.CLIENT_OPEN
+        sock.sendall(conn.data_to_send())
+        outcome: dict[str, Any] = {}
+        while data := sock.recv(65536):
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived):
+                    outcome[str(event.stream_id)] = dict(event.headers)[b":status"].decode()
+                elif isinstance(event, h2.events.StreamReset):
+                    outcome[str(event.stream_id)] = event.error_code
+            with contextlib.suppress(BrokenPipeError):  # (window updates after the server closed)
+                sock.sendall(conn.data_to_send())
+        outcome["goaway"] = goaways
+        return outcome
+
+
+async def test_http2_goaway_lets_the_streams_already_open_finish(
+    nursery: trio.Nursery, tmp_path: Path, access_lines: Callable[[], list[dict[str, Any]]]
+) -> None:
+    # helper-99: a client's GOAWAY ended the connection at once and its streams in flight
+    # lost their answers; and at keep_alive_max_requests hypercorn's GOAWAY promised the
+    # last stream an answer that h2 then refused to send: stored, never answered, the
+    # client left waiting.
+    server = await start_server(nursery, tmp_path, keep_alive_max_requests=2, access_log=True)
+    bodies = [json.dumps(pageview(f"goaway-{n}")).encode() for n in range(4)]
+    past_max = await trio.to_thread.run_sync(_h2_posts_around_goaway, server.base_url, bodies, None)
+    # The third request passed the maximum of 2: GOAWAY named the last stream taken (7:
+    # the four came in one read), each was answered, then the connection closed.
+    assert past_max == {"1": "202", "3": "202", "5": "202", "7": "202", "goaway": [7, 7]}, past_max
+    assert len(await outbox_dump(server.data_dir)) == 4
+
+    # The client's GOAWAY after two streams: both answered; a third opened after it
+    # anyway is refused unprocessed (REFUSED_STREAM: safe to retry), and not stored.
+    bodies = [json.dumps(pageview(f"client-goaway-{n}")).encode() for n in range(3)]
+    client_went = await trio.to_thread.run_sync(_h2_posts_around_goaway, server.base_url, bodies, 2)
+    assert client_went == {"1": "202", "3": "202", "5": h2.errors.ErrorCodes.REFUSED_STREAM, "goaway": [3]}, client_went
+    stored = sorted(str(row["eid"]) for row in await outbox_dump(server.data_dir))
+    assert stored == ["client-goaway-0", "client-goaway-1", "goaway-0", "goaway-1", "goaway-2", "goaway-3"]
+    assert [line["status"] for line in access_lines() if line["route"] == "/v1/events"] == [202] * 6
 
 
 async def test_an_http2_client_that_stalls_is_cut_at_the_read_timeout(

@@ -58,6 +58,15 @@ def test_signature_errors() -> None:
     with pytest.raises(ServiceError) as info:
         verify_server_signature(**{**base, "timestamp": ""}, now_s=1000)
     assert info.value.headers["WWW-Authenticate"] == 'Service-HMAC realm="events", version=v1'
+    # A timestamp in milliseconds never passes, however fresh: the message says why
+    # (it said "re-sign with the current time", which an SDK signing in ms already did).
+    now = 1_795_600_000.0
+    with pytest.raises(ServiceError) as info:
+        verify_server_signature(**{**base, "timestamp": str(int(now * 1000))}, now_s=now)
+    assert info.value.code == "server_signature_expired" and "reads as milliseconds" in info.value.message
+    with pytest.raises(ServiceError) as info:
+        verify_server_signature(**{**base, "timestamp": str(int(now) - 400)}, now_s=now)
+    assert "more than five minutes" in info.value.message
 
 
 # -- scopes (spec 5.3) ------------------------------------------------------------
