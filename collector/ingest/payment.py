@@ -273,7 +273,7 @@ def _has_card(text: str, *, unsure: str) -> bool:
             continue
         for start in range(len(groups)):
             if start == 0:
-                cards = groups if before is not True and not _international_phone(text, match.start(), groups) else []
+                cards = groups if before is not True and not _international_phone(text, match.start(), groups, unsure) else []
             elif start == 1 and (before is None or (before and not _iban_check_digits(text, match.start(), groups[0]))):
                 # After a glued group ("rv:133.0 4111 1111 ...", "SKU A7 5555-5555-..."),
                 # or one that may be: the rest, grouped as cards are; not after an IBAN's
@@ -292,11 +292,15 @@ def _has_card(text: str, *, unsure: str) -> bool:
     return False
 
 
-def _international_phone(text: str, start: int, groups: list[str]) -> bool:
+def _international_phone(text: str, start: int, groups: list[str], unsure: str) -> bool:
     """A run written after a lone "+" that can be an E.164 number ("+6281234567890": at
     most 15 digits, not grouped in fours); a "+" after a letter or digit is a
-    URL-encoded space ("card+4111+1111..."), and "+4111 1111 1111 1111" is no phone."""
-    if not (start > 0 and text[start - 1] == "+" and (start == 1 or not text[start - 2].isalnum())):
+    URL-encoded space ("card+4111+1111..."), and "+4111 1111 1111 1111" is no phone.
+    A "+" after a character in `unsure` may be after a letter: no phone then
+    (helper-104: "Ω+3622..." sent as raw UTF-8 passed the pre-filter)."""
+    if not (start > 0 and text[start - 1] == "+"):
+        return False
+    if start > 1 and (text[start - 2].isalnum() or text[start - 2] in unsure):
         return False
     return sum(map(len, groups)) <= 15 and not (len(groups) > 2 and all(len(g) == 4 for g in groups[:-1]))
 

@@ -281,3 +281,15 @@ def test_an_escape_before_separators_and_a_card_number_is_looked_through() -> No
     for hidden in (b'"\\u00b9+378080000013546"', b'"\\u00e9 - 4111 1111 1111 1111"', b'"\\u00e9%204111111111111111"'):
         raw = b'{"events": [{"label": ' + hidden + b"}]}"
         assert find_payment_data(raw, json.loads(raw)) is not None, raw
+
+
+def test_a_non_ascii_letter_before_a_plus_and_a_card_number_is_looked_through() -> None:
+    # helper-104: sent as raw UTF-8, the letter reads as "unsure" to the pre-filter, whose
+    # phone rule took the "+" for a lone plus and dismissed every number of at most 15 digits.
+    for text in ("\u03a9+36227206271667", "\u00e9+378282246310005", "\u00b9+378282246310005", "\u65e5+378282246310005"):
+        assert text_has_card(text), text
+        for raw in encodings({"events": [{"label": text}]}):
+            assert find_payment_data(raw, json.loads(raw)) is not None, raw
+    # a lone plus after a space or a quote is still a phone's
+    for text in (" +36227206271667", "+378282246310005", "tel: +378282246310005"):
+        assert not text_has_card(text), text
