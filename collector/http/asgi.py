@@ -118,11 +118,7 @@ async def read_body(request: Request, receive: Receive, limit: int) -> bytes:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            client = request.scope.get("client")
-            raise ClientGone(
-                timed_out=client is not None and tuple(client) in CUT_BY_TIMEOUT,
-                refused=request.scope.get(PARSER_REFUSAL),
-            )
+            raise client_gone(request)
         chunk = message.get("body", b"")
         if chunk:
             size += len(chunk)
@@ -148,6 +144,24 @@ class ClientGone(Exception):
         super().__init__()
         self.timed_out = timed_out
         self.refused = refused  # (status, code) the HTTP parser answered instead (broken body framing)
+
+    @property
+    def answered(self) -> tuple[int, str]:
+        """The status and code its request is counted and logged with: what the parser
+        answered, else nginx's 499 (the client closed before its answer) or 408 (the
+        server stopped waiting for a request too slow to arrive); no answer of the
+        route's is sent."""
+        if self.refused is not None:
+            return self.refused
+        return (408, "request_timeout") if self.timed_out else (499, "client_closed")
+
+
+def client_gone(request: Request) -> ClientGone:
+    """The request's client has gone (or the parser answered it), with why."""
+    client = request.scope.get("client")
+    return ClientGone(
+        timed_out=client is not None and tuple(client) in CUT_BY_TIMEOUT, refused=request.scope.get(PARSER_REFUSAL)
+    )
 
 
 # The (address, port) of the connections whose request the server cut for being too
@@ -178,17 +192,27 @@ class BodyTracker:
     refusal is sent, or tells the caller to close.
     """
 
-    __slots__ = ("_receive", "done")
+    __slots__ = ("_receive", "done", "disconnected")
 
     def __init__(self, receive: Receive) -> None:
         self._receive = receive
         self.done = False
+        self.disconnected = False  # the body ended in a disconnect, not its last byte
 
     async def receive(self) -> MutableMapping[str, Any]:
         message = await self._receive()
-        if message["type"] == "http.disconnect" or not message.get("more_body", False):
+        if message["type"] == "http.disconnect":
+            self.done = self.disconnected = True
+        elif not message.get("more_body", False):
             self.done = True
         return message
+
+    def gone(self, request: Request) -> ClientGone | None:
+        """Why no answer of the route's can reach the client any more, if none can: it
+        left while its body was read, or the HTTP parser answered its broken body."""
+        if not (self.disconnected or request.scope.get(PARSER_REFUSAL)):
+            return None
+        return client_gone(request)
 
     async def finish(self, request: Request) -> bool:
         """Read and discard the rest of the body; False when the connection must close instead."""
@@ -238,13 +262,19 @@ async def send_response(
 
 async def send_refusal(
     request: Request, receive: Receive, send: Send, error: ServiceError, headers: list[tuple[str, str]]
-) -> None:
+) -> ClientGone | None:
     """`error` in the spec's error body, after `headers` and the error's own.
 
     For a refusal made before the request body was read: the body is drained
     first when BodyTracker allows, else the response says Connection: close.
+    When the client left meanwhile, or the parser answered its broken body, nothing
+    is sent, and the ClientGone saying so is returned.
     """
     headers = [*headers, *error.headers.items()]
-    if not await BodyTracker(receive).finish(request):  # keep the connection usable
+    body = BodyTracker(receive)
+    if not await body.finish(request):  # keep the connection usable
         headers.append(("Connection", "close"))
+    if (left := body.gone(request)) is not None:
+        return left
     await send_response(send, error.status, render_error(error), headers)
+    return None

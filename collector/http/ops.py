@@ -126,15 +126,21 @@ def _route(
             )
         if error is not None:
             status, code = error.status, error.code
-            answering = send_refusal(request, receive, send, error, [("X-Request-ID", request.request_id)])
-        else:
-            status, body, headers = await answer()
-            headers.append(("X-Request-ID", request.request_id))
-            code = None if status < 400 else "not_ready"
-            answering = send_response(send, status, body, headers, content_type, head=request.method == "HEAD")
+            try:
+                if (left := await send_refusal(request, receive, send, error,
+                                               [("X-Request-ID", request.request_id)])) is not None:
+                    status, code = left.answered  # (what its client got instead: helper-104)
+            finally:
+                services.metrics.count_request(path, status)
+                if services.settings.access_log:
+                    log_request(request, path, status, code, None, started)
+            return
+        status, body, headers = await answer()
+        headers.append(("X-Request-ID", request.request_id))
+        code = None if status < 400 else "not_ready"
         services.metrics.count_request(path, status)
         try:
-            await answering
+            await send_response(send, status, body, headers, content_type, head=request.method == "HEAD")
         finally:  # (an answer cut off while sent is still a request answered: helper-93)
             if services.settings.access_log:
                 log_request(request, path, status, code, None, started)

@@ -82,12 +82,16 @@ class Router:
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, error: ServiceError) -> None:
         started = time.perf_counter()
         request = Request(scope)
-        self.services.metrics.count_request("unmatched", error.status)
         # CORS as on every route, so a page's script can read why it was refused
         headers = [("X-Request-ID", request.request_id), *cors_headers(request.headers.get("origin"))]
-        await send_refusal(request, receive, send, error, headers)
-        if self.services.settings.access_log:
-            log_request(request, "unmatched", error.status, error.code, None, started)
+        status, code = error.status, error.code
+        try:
+            if (left := await send_refusal(request, receive, send, error, headers)) is not None:
+                status, code = left.answered  # (what its client got instead: helper-104)
+        finally:
+            self.services.metrics.count_request("unmatched", status)
+            if self.services.settings.access_log:
+                log_request(request, "unmatched", status, code, None, started)
 
     async def _refuse_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """No WebSocket route is served yet: refuse the handshake in the spec's error format.

@@ -233,14 +233,7 @@ def make_write_handler(
         except RawErrorBody as raw:
             status, answer, error_code = raw.status, _encoder.encode(raw.body), "content_type"
         except ClientGone as gone:
-            # nginx's 499: the client closed before its answer; 408: the server stopped
-            # waiting for a request too slow to arrive (no answer is sent either way)
-            status, code = (408, "request_timeout") if gone.timed_out else (499, "client_closed")
-            if gone.refused is not None:  # (its body's framing was broken: the parser answered)
-                status, code = gone.refused
-            services.metrics.count_request(route, status)
-            if access_log:
-                log_request(request, route, status, code, seen.client_id, started)
+            _log_gone(services, request, route, gone, seen.client_id, started)
             return
         except (WriterBusy, StorageError) as exc:
             # The access line says 503 storage_unavailable; this says why.
@@ -265,6 +258,12 @@ def make_write_handler(
             status, answer, error_code = 500, render_error(internal), internal.code
         if status >= 400 and not await body.finish(request):
             headers.append(("Connection", "close"))
+        if (left := body.gone(request)) is not None:
+            # A refusal made before the body was read, whose client then left or whose
+            # body framing broke: the parser's answer (or none) is what it got, and what
+            # is logged (helper-104: the refusal's own status was).
+            _log_gone(services, request, route, left, seen.client_id, started)
+            return
         services.metrics.count_request(route, status)
         try:
             await send_response(send, status, answer, headers)
@@ -273,3 +272,12 @@ def make_write_handler(
                 log_request(request, route, status, error_code, seen.client_id, started)
 
     return handle
+
+
+def _log_gone(
+    services: Services, request: Request, route: str, gone: ClientGone, client_id: str | None, started: float
+) -> None:
+    status, code = gone.answered
+    services.metrics.count_request(route, status)
+    if services.settings.access_log:
+        log_request(request, route, status, code, client_id, started)

@@ -684,6 +684,46 @@ async def test_the_http_parsers_refusals_carry_the_error_body_an_id_and_an_acces
     assert not [event for event in await outbox_dump(server.data_dir) if event.get("eid") == "e-broken-chunks"]
 
 
+async def test_a_refusal_before_the_body_logs_what_the_client_got_when_the_body_then_breaks(
+    nursery: trio.Nursery, tmp_path: Path, access_lines: Callable[[], list[dict[str, Any]]]
+) -> None:
+    # helper-104: a request refused before its body was read (no key, no route) whose
+    # body framing then broke, or whose client left, was logged and counted with the
+    # refusal's own status (401, 404), which never reached the client.
+    server = await start_server(nursery, tmp_path, access_log=True)
+    chunked = b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    sent = {
+        "nokey-big": (b"POST /v1/events", chunked + b"1" * 20_000, b"HTTP/1.1 431"),
+        "nokey-bad": (b"POST /v1/events", chunked + b"zz\r\n{}\r\n", b"HTTP/1.1 400"),
+        "noroute-bad": (b"POST /v1/nowhere", chunked + b"zz\r\n{}\r\n", b"HTTP/1.1 400"),
+        "nokey-gone": (b"POST /v1/events", b"Content-Length: 1000\r\n\r\n{", b""),
+    }
+    for request_id, (line, rest, expected) in sent.items():
+        async with await _open(server) as stream:
+            await stream.send_all(line + b" HTTP/1.1\r\nHost: x\r\nX-Request-ID: " + request_id.encode() + b"\r\n" + rest)
+            if not expected:
+                await stream.send_eof()
+            answer = await _read_until_closed(stream)
+        assert answer.startswith(expected) if expected else answer == b"", (request_id, answer[:200])
+    logged: dict[str, tuple[str, int, str]] = {}
+    for _ in range(50):  # (a route writes its line once it hears of the close: wait for it)
+        logged |= {line["requestId"]: (line["route"], line["status"], line["error"])
+                   for line in access_lines() if line["requestId"] in sent}
+        if len(logged) == len(sent):
+            break
+        await trio.sleep(0.1)
+    assert logged == {
+        "nokey-big": ("/v1/events", 431, "request_head_too_large"),
+        "nokey-bad": ("/v1/events", 400, "bad_request"),
+        "noroute-bad": ("unmatched", 400, "bad_request"),
+        "nokey-gone": ("/v1/events", 499, "client_closed"),
+    }, logged
+    metrics = (await server.client.get("/metrics")).text
+    assert 'collector_requests_total{route="/v1/events",status="401"}' not in metrics
+    assert 'collector_requests_total{route="unmatched",status="404"}' not in metrics
+    assert 'collector_requests_total{route="/v1/events",status="499"} 1.0' in metrics
+
+
 async def _refused_then_reused(server: RunningServer, path: str, key: str, body: bytes) -> tuple[bytes, bytes]:
     """A POST refused before its body is read (the body arrives late), then a second request on the same connection."""
     head = (
