@@ -229,7 +229,7 @@ def cmd_tenants_list(args: argparse.Namespace) -> int:
     skipped = _Skipped("key record")
     with _storage(args) as storage:
         for record in list_records(storage, on_unreadable=skipped):
-            print(_json.encode(record).decode())
+            _print_json(record)
     return skipped.status
 
 
@@ -261,11 +261,21 @@ def cmd_stream_token_mint(args: argparse.Namespace) -> int:
 _LINE_BREAKS_JSON_ALLOWS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
 
+def _print_line(line: str) -> None:
+    """One JSON line on stdout, with the line breaks JSON lets stand raw in a string
+    escaped: a reader splitting lines the Unicode way (str.splitlines) would cut the
+    record in pieces (helper-107: replay dump and visitors show wrote them raw)."""
+    sys.stdout.write(line.translate(_LINE_BREAKS_JSON_ALLOWS) + "\n")
+
+
+def _print_json(value: object) -> None:
+    _print_line(_json.encode(value).decode())
+
+
 def cmd_outbox_dump(args: argparse.Namespace) -> int:
     """Every readable record on stdout; one line on stderr per record that does not decode, then exit 1."""
     from storage.outbox import iter_outbox
 
-    out = sys.stdout
     skip = _Skipped("outbox seq")
     with _storage(args) as storage:
         for seq, record in iter_outbox(storage, after=args.after, on_unreadable=skip):
@@ -286,11 +296,7 @@ def cmd_outbox_dump(args: argparse.Namespace) -> int:
                 }
             )
             # The stored event is already JSON: splice it in rather than re-encode it.
-            # U+0085, U+2028 and U+2029 (JSON lets them stand raw in a string, in the
-            # event or its id) are written escaped: a reader splitting lines the Unicode
-            # way (str.splitlines) cut the record in pieces.
-            line = f'{head[:-1].decode()},"event":{event}}}\n'
-            out.write(line.translate(_LINE_BREAKS_JSON_ALLOWS))
+            _print_line(f'{head[:-1].decode()},"event":{event}}}')
     return skip.status
 
 
@@ -307,7 +313,7 @@ def cmd_reveal(args: argparse.Namespace) -> int:
         refuse_a_lost_key_file(storage, key_file_path(settings))
         sealer = load(key_file_path(settings))
         event, entry = reveal(storage, sealer, args.receipt_id, reason=args.reason, who=operator_identity())
-    print(_json.encode({"audit": entry.seq, "receiptId": args.receipt_id, "event": event}).decode())
+    _print_json({"audit": entry.seq, "receiptId": args.receipt_id, "event": event})
     return 0
 
 
@@ -316,7 +322,7 @@ def cmd_audit_list(args: argparse.Namespace) -> int:
 
     with _storage(args) as storage:
         for entry in iter_entries(storage):
-            print(_json.encode(entry).decode())
+            _print_json(entry)
         problems = verify_chain(storage)
     for problem in problems:
         print(f"collector: {problem}", file=sys.stderr)
@@ -357,7 +363,7 @@ def cmd_visitors_show(args: argparse.Namespace) -> int:
                 "firstSeen": record.first_ms,
                 "lastSeen": record.last_ms,
             }
-            print(_json.encode(row).decode())
+            _print_json(row)
     return skipped.status
 
 
@@ -400,7 +406,7 @@ def cmd_replay_dump(args: argparse.Namespace) -> int:
     _text_argument("--client value", args.client)
     with _storage(args) as storage:
         for line in session_lines(storage, args.session, args.client, on_unreadable=skip):
-            print(line)
+            _print_line(line)
     return skipped.status
 
 
@@ -429,7 +435,7 @@ def cmd_usage_show(args: argparse.Namespace) -> int:
         rows = usage_rows(storage, account=args.account, period=args.period, on_unreadable=skipped,
                           on_damaged_counter=damaged)
         for row in rows:
-            print(_json.encode(row).decode())
+            _print_json(row)
     if args.account is not None and not rows and not damaged.status:
         # An empty answer would read as "uses nothing" for a misspelt name.
         period = args.period or "this period"
@@ -446,11 +452,11 @@ def cmd_usage_invoice(args: argparse.Namespace) -> int:
     with _storage(args) as storage:
         lines = invoice_lines(storage, args.period, on_unreadable=skipped, on_damaged_counter=damaged)
         for line in lines:
-            print(_json.encode(line).decode())
+            _print_json(line)
         for account_total in account_totals(lines, args.period):
-            print(_json.encode(account_total).decode())
+            _print_json(account_total)
         total = sum(line.amount_usd for line in lines)
-        print(_json.encode({"period": args.period, "total_usd": total}).decode())
+        _print_json({"period": args.period, "total_usd": total})
     return max(skipped.status, damaged.status)
 
 
@@ -460,7 +466,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
     extra: list[tuple[Path, str]] = []
     key_file: Path | None = None
     if args.with_field_keys:
-        from collector.fieldkeys import DEFAULT_NAME, key_file_path, refuse_a_lost_key_file
+        from collector.fieldkeys import DEFAULT_NAME, key_file_path, load, refuse_a_lost_key_file
 
         key_file = key_file_path(_settings_from(args))
         if not key_file.is_file():
@@ -468,10 +474,12 @@ def cmd_backup(args: argparse.Namespace) -> int:
         extra.append((key_file, DEFAULT_NAME))  # the name restore looks for
     with _storage(args) as storage:
         if key_file is not None:
-            # a file serve would refuse is not kept as this data's key (helper-100)
+            # a file serve would refuse is not kept as this data's key (helper-100; an
+            # active key id it does not hold, helper-104)
             refuse_a_lost_key_file(storage, key_file)
+            load(key_file)
         manifest = backup(storage, Path(args.dest), extra_files=extra)
-    print(_json.encode(manifest).decode())
+    _print_json(manifest)
     return 0
 
 
@@ -501,7 +509,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     for directory in made:
         keep_directory_owner(directory, owner, with_directory=True)
     # The manifest's nodeId is the backed-up node's; the restored directory has its own.
-    print(_json.encode({**msgspec.to_builtins(manifest), "restoredNodeId": node_id}).decode())
+    _print_json({**msgspec.to_builtins(manifest), "restoredNodeId": node_id})
     if inside and not key_file.is_file():
         # Neither the backup nor the replaced directory had one: serve would make
         # a new key, and values it seals could not be opened with the old one.
@@ -526,7 +534,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     with _storage(args) as storage:
         report = check(storage)
-    print(_json.encode(report).decode())
+    _print_json(report)
     return 0 if report.ok else 1
 
 

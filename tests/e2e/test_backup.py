@@ -80,3 +80,22 @@ def test_backup_finds_a_field_key_file_the_config_names(tmp_path: Path) -> None:
     assert restored.returncode == 0, restored.stderr
     # the key file configured outside is left as it is, and it is said (helper-100: silent)
     assert "the backup holds a field-key file" in restored.stderr and str(keys) in restored.stderr
+
+
+def test_backup_with_field_keys_refuses_a_key_file_serve_would_refuse(tmp_path: Path) -> None:
+    # helper-104: a file whose active id it does not hold was copied into the backup as
+    # the data's key; and a key that is not base64 was called "another key".
+    data_dir = tmp_path / "data"
+    run_cli("tenants", "import", str(write_tenants(tmp_path / "t.json")), data_dir=data_dir)
+    assert run_cli("keys", "rotate-field-key", data_dir=data_dir).stdout.strip() == "k1"  # recorded
+    key_file = data_dir / "field-keys.json"
+    content = json.loads(key_file.read_text())
+    key_file.write_text(json.dumps({**content, "active": "k9"}))
+    refused = run_cli("backup", str(tmp_path / "bk"), "--with-field-keys", data_dir=data_dir, check=False)
+    assert refused.returncode == 2 and "the active field key 'k9' is not among the keys" in refused.stderr, refused
+    assert not (tmp_path / "bk").exists()
+    key_file.write_text(json.dumps({"active": "k1", "keys": {"k1": "!!notb64"}}))
+    for argv in (["backup", str(tmp_path / "bk"), "--with-field-keys"], ["serve", "--bind", "127.0.0.1:0"]):
+        refused = run_cli(*argv, data_dir=data_dir, check=False)
+        assert refused.returncode == 2 and "another key" not in refused.stderr, refused.stderr
+        assert refused.stderr.startswith(f"collector: field key file {key_file}: "), refused.stderr

@@ -416,3 +416,23 @@ async def test_a_chunk_with_a_string_cut_inside_an_emoji_is_stored(server: Runni
     body = chunk(events=[{"type": 3, "timestamp": STAMP, "data": {"text": "Sale \ud83d"}}])
     response = await send(server, content=json.dumps(body).encode())
     assert response.status_code == 202, response.text
+
+
+async def test_replay_dump_and_visitors_show_lines_survive_unicode_line_splitting(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # helper-107: U+2028, U+2029 and U+0085, which JSON lets stand raw in a string, were
+    # written raw by `replay dump` (page text recorded as sent) and `visitors show`: a
+    # reader splitting lines the Unicode way, as str.splitlines does, cut a record in two.
+    server = await serve(nursery, tmp_path)
+    visitor, text = "v\u2028x", "line\u2028sep\u0085nel\u2029p"
+    recorded = chunk(session="s-lines", visitorId=visitor, events=[{"type": 3, "timestamp": STAMP, "t": text}])
+    assert (await send(server, recorded)).status_code == 202
+    rows = await replay_dump(server, "--session", "s-lines")  # (split with str.splitlines)
+    assert [(row["visitorId"], row["events"][0]["t"]) for row in rows] == [(visitor, text)]
+    stored = await send(server, pageview("lines-1", visitorId=visitor), path="/v1/events")
+    assert stored.status_code == 202, stored.text
+    shown = await trio.to_thread.run_sync(
+        lambda: run_cli("visitors", "show", visitor, "--client", "acme", data_dir=server.data_dir))
+    lines = shown.stdout.splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["visitorId"] == visitor, shown.stdout
