@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,7 +23,7 @@ import pytest
 import trio
 from hyperframe.frame import GoAwayFrame
 
-from collector.http import access_log
+from collector.http import access_log, h2_protocol
 from collector.log_sink import stderr_sink
 from tests.conftest import BROWSER_KEY, RunningServer, pageview, start_server
 from tests.helpers import h2_client, outbox_dump
@@ -502,6 +502,56 @@ async def test_http2_goaway_lets_the_streams_already_open_finish(
     stored = sorted(str(row["eid"]) for row in await outbox_dump(server.data_dir))
     assert stored == ["client-goaway-0", "client-goaway-1", "goaway-0", "goaway-1", "goaway-2", "goaway-3"]
     assert [line["status"] for line in access_lines() if line["route"] == "/v1/events"] == [202] * 6
+
+
+def _h2_rapid_reset(base_url: str, streams: int) -> tuple[int | None, int]:
+    """Open and at once reset `streams` streams (GET /healthz) in one write, then read
+    until the server closes: the error code of its GOAWAY (None: none came) and how
+    many answers came."""
+    with h2_client(base_url, timeout=10) as (sock, conn):
+        for _ in range(streams):
+            stream = conn.get_next_available_stream_id()
+            conn.send_headers(stream, [(":method", "GET"), (":path", "/healthz"), (":authority", "x"),
+                                       (":scheme", "http")], end_stream=True)
+            conn.reset_stream(stream, h2.errors.ErrorCodes.CANCEL)
+        sock.sendall(conn.data_to_send())
+        goaway, answers = None, 0
+        with contextlib.suppress(ConnectionResetError):
+            while data := sock.recv(65536):
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.ConnectionTerminated):
+                        goaway = event.error_code
+                    elif isinstance(event, h2.events.ResponseReceived):
+                        answers += 1
+                if goaway is not None:
+                    break
+        return goaway, answers
+
+
+@pytest.fixture
+def fresh_reset_allowances() -> Iterator[None]:
+    # (allowances are per client address in this process: every test server here is 127.0.0.1)
+    h2_protocol._resets_left.clear()
+    yield
+    h2_protocol._resets_left.clear()
+
+
+async def test_an_http2_client_resetting_streams_as_fast_as_it_opens_them_is_cut_off(
+    nursery: trio.Nursery, tmp_path: Path, fresh_reset_allowances: None
+) -> None:
+    # "Rapid reset" (CVE-2023-44487): each stream opened and reset started a route and
+    # cancelled it; one connection kept a core busy (49,600 streams in 3 s: 3.4 s of CPU).
+    server = await start_server(nursery, tmp_path, keep_alive_timeout=2)
+    goaway, _ = await trio.to_thread.run_sync(_h2_rapid_reset, server.base_url, 150)
+    assert goaway == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    # the allowance is the address's: a new connection does not start afresh ...
+    goaway, _ = await trio.to_thread.run_sync(_h2_rapid_reset, server.base_url, 3)
+    assert goaway == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    # ... but it is served, and a few resets a second are every client's
+    assert await trio.to_thread.run_sync(_h2_post, server.base_url, json.dumps(pageview("after-resets")).encode()) == "202"
+    await trio.sleep(1.2)  # (ten more a second)
+    goaway, _ = await trio.to_thread.run_sync(_h2_rapid_reset, server.base_url, 5)
+    assert goaway in (None, h2.errors.ErrorCodes.NO_ERROR)  # (closed idle after keep_alive_timeout)
 
 
 async def test_an_http2_client_that_stalls_is_cut_at_the_read_timeout(
