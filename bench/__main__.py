@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import statistics
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from pathlib import Path
 from bench.revision import UnknownRevision, describe_tree, export
 from bench.rounds import by_scenario, ratio_per_round, spread, summary_rows
 from bench.scenarios import SCENARIOS, Result, run_scenario
-from bench.server import Collector, ensure_wrk
+from bench.server import Collector, Interrupted, ensure_wrk, stop_like_ctrl_c
 
 RESULTS = Path(__file__).parent / "results"
 ALL = (*SCENARIOS, "half-rate", "soak")
@@ -106,14 +105,6 @@ def _ints(text: str) -> list[int]:
     return values
 
 
-class Interrupted(BaseException):
-    """SIGTERM or SIGHUP: stop like Ctrl-C, so every server, wrk and temp directory goes."""
-
-
-def _interrupt(signum: int, _frame: object) -> None:
-    raise Interrupted(signal.Signals(signum).name)
-
-
 @dataclass
 class Side:
     """The code one set of servers runs: this tree, or another revision (`--against`)."""
@@ -167,9 +158,7 @@ def main() -> None:
         parser.error("--duration and --soak-duration must be at least 1 s, --warmup at least 0")
     # Before anything slow (exporting a revision, installing wrk): a stop at
     # any point then ends like Ctrl-C, with every server and temp directory gone.
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(signum) is not signal.SIG_IGN:  # `nohup python -m bench` keeps running at logout
-            signal.signal(signum, _interrupt)
+    stop_like_ctrl_c()
     try:
         with tempfile.TemporaryDirectory(prefix="bench-against-") as tmp:
             sides = [Side("new", describe_tree())]
@@ -235,6 +224,11 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser, names: lis
                 print(table(results, ratios=ratios, spreads=spreads))
         elif results:
             print(table(results))
+            # the table's `x base`, in the file too (a run with --repeat stores its medians)
+            reference = next((r for r in results if r.scenario == "baseline"), None)
+            if reference is not None and reference.requests_per_s:
+                report["ratios"] = {r.scenario: round(r.requests_per_s / reference.requests_per_s, 3)
+                                    for r in results if r.scenario not in PACED}
         _print_paced(report)
         if args.sweep and "sweep" in report and not interrupted:
             from bench.chart import write_chart

@@ -25,7 +25,7 @@ import httpx
 import trio
 
 from bench.scenarios import BENCH_KEY, ORIGIN, write_tenants
-from bench.server import free_port
+from bench.server import Interrupted, free_port, stop_like_ctrl_c
 
 HEADERS = {"X-API-Key": BENCH_KEY, "Origin": ORIGIN}
 
@@ -76,11 +76,16 @@ def crashloop(rounds: int, workdir: Path, seed: int = 7) -> dict[str, int]:
              "--data-dir", str(data_dir), "--tenants", str(tenants), "--no-access-log"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         )
-        assert proc.stdout is not None
-        if "listening on" not in proc.stdout.readline():
-            raise RuntimeError(f"round {round_no}: the collector did not start")
-        trio.run(_load, f"http://127.0.0.1:{port}", round_no, acknowledged, proc.pid, rng.uniform(0.3, 1.5))
-        proc.wait(timeout=10)
+        try:
+            assert proc.stdout is not None
+            if "listening on" not in proc.stdout.readline():
+                raise RuntimeError(f"round {round_no}: the collector did not start")
+            trio.run(_load, f"http://127.0.0.1:{port}", round_no, acknowledged, proc.pid, rng.uniform(0.3, 1.5))
+            proc.wait(timeout=10)
+        finally:  # stopped (Ctrl-C, SIGTERM) or failed mid-round: no collector left serving
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     dump = subprocess.run(
         [sys.executable, "-m", "collector", "outbox", "dump", "--data-dir", str(data_dir)],
         capture_output=True, text=True, check=True,
@@ -100,10 +105,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.crashloop", description=__doc__)
     parser.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="crashloop-") as tmp:
-        report = crashloop(args.rounds, Path(tmp))
+    stop_like_ctrl_c()
+    try:
+        with tempfile.TemporaryDirectory(prefix="crashloop-") as tmp:
+            report = crashloop(args.rounds, Path(tmp))
+    except BaseException as exc:
+        # (inside trio's nursery the stop comes wrapped in an exception group)
+        stopped = exc.split((KeyboardInterrupt, Interrupted))[0] if isinstance(exc, BaseExceptionGroup) else exc
+        if not isinstance(stopped, (KeyboardInterrupt, Interrupted, BaseExceptionGroup)):
+            raise
+        signal_name = next((str(e) for e in _leaves(stopped) if isinstance(e, Interrupted)), "SIGINT")
+        print(f"crashloop: interrupted ({signal_name}): its collector and data directory are gone", file=sys.stderr)
+        sys.exit(130)
     print(json.dumps(report))
     sys.exit(0 if report["lost"] == 0 and report["duplicated"] == 0 else 1)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import os
 import re
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -160,7 +161,8 @@ class Collector:
         """Counters from one /metrics scrape, summed over the workers.
 
         committed and transactions (the group-commit writer), accepted and
-        duplicate (events of requests answered 202). One scrape covers every
+        duplicate (events of requests answered 202), rate_limited (POST /v1/events
+        answered 429). One scrape covers every
         worker (their samples labelled worker="I"; the figures of a worker
         other than the one answering are up to a second old).
         """
@@ -175,6 +177,7 @@ class Collector:
             "transactions": total("collector_writer_transactions"),
             "accepted": total("collector_events_total", 'outcome="accepted"'),
             "duplicate": total("collector_events_total", 'outcome="duplicate"'),
+            "rate_limited": total("collector_requests_total", 'route="/v1/events",status="429"'),
         }
 
     def stop(self) -> None:
@@ -202,3 +205,19 @@ def ensure_wrk() -> str:
             )
     time.sleep(0.1)
     return shutil.which("wrk") or "/usr/bin/wrk"
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGHUP: stop like Ctrl-C, so every server, wrk and temp directory goes."""
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def stop_like_ctrl_c() -> None:
+    """SIGTERM and SIGHUP raise Interrupted from now on (a run's `finally` blocks then
+    stop its servers), unless ignored: `nohup python -m bench` keeps running at logout."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, _interrupt)

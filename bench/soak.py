@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import bodies
-from bench.scenarios import Result, group_size, parse_wrk, write_tenants, wrk_argv
+from bench.scenarios import Result, disagreement, group_size, parse_wrk, write_tenants, wrk_argv
 from bench.server import Collector
 
 CALIBRATION_RUNS, CALIBRATION_S = 3, 5.0
@@ -106,7 +106,7 @@ def run_soak(wrk: str, *, max_rps: float, seconds: float, workers: int = 1,
                     latency_ms = max(0.0, connections * 1000.0 / achieved - delay_ms)
                     delay_ms = max(1.0, connections * 1000.0 / target - latency_ms)
             samples: list[dict[str, float]] = []
-            cpu0, (jobs0, txns0) = server.cpu_seconds(), server.writer_counts()
+            cpu0, before = server.cpu_seconds(), server.totals_or_why()
             argv = wrk_argv(wrk, url, body, seconds, connections, delay_ms=max(1, round(delay_ms)))
             started = time.monotonic()
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -138,7 +138,9 @@ def run_soak(wrk: str, *, max_rps: float, seconds: float, workers: int = 1,
                 raise RuntimeError(f"wrk failed: {err}")
             stats = parse_wrk(out)
             cpu = server.cpu_seconds() - cpu0
-            jobs1, txns1 = server.writer_counts()
+            if workers > 1:
+                time.sleep(1.2)  # every worker's metrics snapshot written after the run (each second)
+            after_run = server.totals_or_why()
             peak = server.peak_rss_bytes()
             lost = server.lost_processes()
         finally:
@@ -184,10 +186,11 @@ def run_soak(wrk: str, *, max_rps: float, seconds: float, workers: int = 1,
         p50_ms=stats["p50_us"] / 1000,
         p99_ms=stats["p99_us"] / 1000,
         p999_ms=stats["p999_us"] / 1000,
-        cpu_s_per_1000_events=round(cpu / ((requests - non2xx) * 25) * 1000, 4) if requests > non2xx else 0.0,
+        cpu_s_per_1000_events=round(cpu / ((requests - non2xx) * 25) * 1000, 4) if requests > non2xx else None,
         cpu_ms_per_request=round(cpu / requests * 1000, 3) if requests else 0.0,
         peak_rss_mb=round(peak / 2**20, 1),
-        group_commit_size=group_size(jobs1 - jobs0, txns1 - txns0),
+        group_commit_size=group_size(after_run["committed"] - before["committed"],
+                                     after_run["transactions"] - before["transactions"]),
         non2xx=non2xx,
         socket_errors=soak.socket_errors,
         timeouts=int(stats.get("timeouts", 0)),
@@ -199,6 +202,12 @@ def run_soak(wrk: str, *, max_rps: float, seconds: float, workers: int = 1,
     )
     result.check(lost)
     result.problems += short_of_pace(soak.achieved_rps, soak.target_rps)
+    # (the requests in flight when wrk stopped were finished by the server: one a connection)
+    result.problems += disagreement(after_run["accepted"] - before["accepted"], (requests - non2xx) * 25,
+                                    connections * 25, "accepted events")
+    if scenario == "soak" and len(after) < 4:
+        result.problems.append(f"{len(after)} sample(s) after the warm-up: growth needs two at each end"
+                               f" ({SAMPLE_EVERY_S:.1f} s apart; run the soak for 20 s or more)")
     return result, soak
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bench.__main__ import table
-from bench.scenarios import Result
+from bench.scenarios import Result, disagreement
 
 
 def _row(scenario: str, rps: float, cpu_ms: float, events: int, non2xx: int = 0,
@@ -62,3 +62,12 @@ def test_refusals_are_no_problem_where_they_are_the_point() -> None:
     refused.expects_2xx = False
     refused.check()
     assert refused.problems == []
+
+
+def test_a_server_count_outside_the_bench_count_and_what_was_in_flight_is_a_problem() -> None:
+    # over-limit once took any refusal (a wrong key's 401) for the rate limit's 429 (helper-106)
+    assert disagreement(100, 100, 0, "429 answers") == []
+    assert disagreement(164, 100, 64, "429 answers") == []
+    assert disagreement(0, 9528, 128, "429 answers") == [
+        "the server counted 0 429 answers where the bench counts 9528: the row does not hold"]
+    assert disagreement(99, 100, 64, "accepted events")  # fewer than the 2xx answers claim
