@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -66,6 +67,7 @@ from collector.services import Services, wall_clock
 from collector.settings import Settings, SettingsError, load_cidrs
 from collector.signals.projection import VisitorProjection
 from collector.tenants_admin import import_tenants, imported_term_notes, settle_account_suspension
+from storage.age_clock import AgeClock
 from storage.counters import iter_counters, mark_overage_counting
 from storage.env import Storage
 from storage.errors import StorageError
@@ -152,13 +154,16 @@ def build_services(
     clock: Callable[[], float] = wall_clock,
     *,
     worker_index: int = 0,
+    steady: Callable[[], float] = time.monotonic,
 ) -> Services:
+    """`steady`: seconds that pass at real speed, against which `clock` is checked for
+    the ages the writer judges (storage/age_clock.py)."""
     metrics = Metrics()
     writer = GroupCommitWriter(
         storage,
         max_queue=settings.writer_max_queue,
         max_group=settings.writer_max_group,
-        clock_ms=lambda: int(clock() * 1000),
+        clock_ms=AgeClock(lambda: int(clock() * 1000), steady),
         on_commit=metrics.on_commit,
     )
     # Every worker folds its own groups into the visitor records as it commits
@@ -368,6 +373,7 @@ async def serve(
     settings: Settings,
     *,
     clock: Callable[[], float] = wall_clock,
+    steady: Callable[[], float] = time.monotonic,
     worker_index: int = 0,
     metrics_dir: str | None = None,
     own_process: bool = False,
@@ -390,7 +396,7 @@ async def serve(
     try:
         if settings.workers <= 1:  # (with --workers N the parent did it once: collector/workers.py)
             await trio.to_thread.run_sync(prepare_data_dir, storage, settings, int(clock() * 1000))
-        services = build_services(settings, storage, clock, worker_index=worker_index)
+        services = build_services(settings, storage, clock, worker_index=worker_index, steady=steady)
         app = build_asgi(services)
         async with trio.open_nursery() as outer:
             await outer.start(services.writer.run)

@@ -65,11 +65,27 @@ def encode(state: RecordedConsent) -> bytes:
 
 
 def decode(raw: bytes | memoryview, *, now_ms: int) -> RecordedConsent:
-    """The stored record; unreadable(now_ms) for bytes that are not one."""
+    """The stored record; unreadable(now_ms) for bytes that are not one.
+
+    A time after `now_ms` was stamped by a clock that ran fast (decision times are
+    never after their receipt): it is read as UNREADABLE_SLACK_MS before now, or
+    the record would win over every decision until the real time caught up with
+    it, a later denial included (helper-108: a grant received during a day-fast
+    spell let identifies through after the visitor denied identity resolution).
+    """
     try:
-        return _decoder.decode(raw)
+        record = _decoder.decode(raw)
     except UNREADABLE_RECORD:
         return unreadable(now_ms)
+    if max(record.at_ms, record.identity_at_ms, record.sharing_at_ms) <= now_ms:
+        return record
+    past = max(0, now_ms - UNREADABLE_SLACK_MS)
+    return msgspec.structs.replace(
+        record,
+        at_ms=min(record.at_ms, past),
+        identity_at_ms=min(record.identity_at_ms, past),
+        sharing_at_ms=min(record.sharing_at_ms, past),
+    )
 
 
 def decode_strict(raw: bytes | memoryview) -> RecordedConsent:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,7 +100,12 @@ def write_tenants(path: Path, tenants: dict[str, object] | None = None) -> Path:
 
 
 async def start_server(
-    nursery: trio.Nursery, tmp_path: Path, tenants: dict[str, object] | None = None, **overrides: object
+    nursery: trio.Nursery,
+    tmp_path: Path,
+    tenants: dict[str, object] | None = None,
+    *,
+    steady: Callable[[], float] | None = None,
+    **overrides: object,
 ) -> RunningServer:
     data_dir = tmp_path / "data"
     tenants_file = write_tenants(tmp_path / "tenants.json", tenants)
@@ -117,7 +122,9 @@ async def start_server(
 
     async def run(task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
         with cancel:
-            await serve(settings, clock=clock, task_status=task_status)
+            # (moving the test clock stands for time passing: the writer's ages follow it,
+            # unless a test passes real time to check the guard against clock jumps)
+            await serve(settings, clock=clock, steady=steady or clock, task_status=task_status)
 
     binds = await nursery.start(run)
     server = RunningServer(binds[0], data_dir, clock, cancel)

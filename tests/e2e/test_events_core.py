@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import time
 from pathlib import Path
 
 import httpx
@@ -905,3 +906,25 @@ async def test_a_clicks_text_is_stored_scrubbed_of_personal_data(server: Running
     assert len(stored) == 1
     assert "jane" not in json.dumps(stored) and "555" not in json.dumps(stored)
     assert "Email [email] or call [phone]" in json.dumps(stored)
+
+
+async def test_a_wall_clock_jumping_days_ahead_for_a_minute_removes_nothing(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # helper-108: a minute of a clock set eight days ahead made the retention sweep remove
+    # every stored event and its idempotency record; their retries were then stored and
+    # billed again. The writer now goes on at real speed until a step has held 10 minutes.
+    server = await start_server(nursery, tmp_path, steady=time.monotonic, outbox_retention_hours=1,
+                                idempotency_window_hours=24, retention_interval_s=0.2)
+    first = await post(server, {"events": [pageview("jump-1"), pageview("jump-2")]})
+    assert first.json()["accepted"] == 2
+    server.clock.offset = 8 * 86_400
+    await trio.sleep(1.5)  # several sweeps
+    metrics = (await server.client.get("/metrics")).text
+    assert 'collector_retention_removed_total{kind="outbox"} 0.0' in metrics
+    assert 'collector_retention_removed_total{kind="idempotency"} 0.0' in metrics
+    server.clock.offset = 0
+    retry = await post(server, {"events": [pageview("jump-1"), pageview("jump-2")]})
+    assert (retry.json()["accepted"], retry.json()["duplicates"]) == (0, 2), retry.text
+    assert retry.json()["receiptIds"] == first.json()["receiptIds"]
+    assert [row["eid"] for row in await outbox_dump(server.data_dir)] == ["jump-1", "jump-2"]

@@ -203,6 +203,18 @@ def test_bucket_edges_for_rate_1() -> None:
     assert sum(d.allowed for d in later) == 120
 
 
+def test_a_wall_clock_stepped_back_gives_no_fresh_burst() -> None:
+    # helper-108: a window earlier than the bucket's started afresh: every step back of
+    # the clock handed each key another burst of twice its limit.
+    limiter = RateLimiter()
+    assert sum(limiter.check("b", 1, 600.0).allowed for _ in range(130)) == 120
+    assert not limiter.check("b", 1, 540.0).allowed  # a minute back: still spent
+    assert not limiter.peek("b", 1, 0.0).remaining
+    assert not limiter.check("b", 1, 0.0).allowed  # ten minutes back
+    # and time goes on from there as it would have
+    assert sum(limiter.check("b", 1, 60.0).allowed for _ in range(130)) == 60
+
+
 def test_retry_after_is_at_least_one_second() -> None:
     limiter = RateLimiter()
     for _ in range(120):

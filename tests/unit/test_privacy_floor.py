@@ -23,6 +23,8 @@ from storage import consent as consent_store
 from storage.admission import _identity_denied as admission_denies_identity
 from storage.consent import RecordedConsent
 
+NOW = 1_000_000  # after every decision time of these tests (a later one was stamped by a fast clock)
+
 _decoder = msgspec.json.Decoder(AnyEvent)  # type: ignore[arg-type]
 
 
@@ -153,16 +155,29 @@ def test_admission_weighs_the_record_against_the_request_choice() -> None:
     def stored(at: int, identity: bool | None) -> bytes:
         return consent_store.encode(RecordedConsent(at, True, identity, None, "e"))
 
-    assert not admission_denies_identity(None, None, 0)  # no record, no choice
-    assert admission_denies_identity(None, (5, False), 0)  # the request's own earlier denial
-    assert not admission_denies_identity(None, (5, True), 0)
-    assert admission_denies_identity(stored(100, False), None, 0)
-    assert not admission_denies_identity(stored(100, True), None, 0)
-    assert not admission_denies_identity(stored(100, None), None, 0)  # analytics only: identity never stated
-    assert not admission_denies_identity(stored(100, False), (200, True), 0)  # a newer grant in the request
-    assert not admission_denies_identity(stored(100, False), (100, True), 0)  # a tie goes to the later arrival
-    assert admission_denies_identity(stored(100, False), (50, True), 0)  # a late, older grant
-    assert admission_denies_identity(stored(100, None), (50, False), 0)
+    assert not admission_denies_identity(None, None, NOW)  # no record, no choice
+    assert admission_denies_identity(None, (5, False), NOW)  # the request's own earlier denial
+    assert not admission_denies_identity(None, (5, True), NOW)
+    assert admission_denies_identity(stored(100, False), None, NOW)
+    assert not admission_denies_identity(stored(100, True), None, NOW)
+    assert not admission_denies_identity(stored(100, None), None, NOW)  # analytics only: identity never stated
+    assert not admission_denies_identity(stored(100, False), (200, True), NOW)  # a newer grant in the request
+    assert not admission_denies_identity(stored(100, False), (100, True), NOW)  # a tie goes to the later arrival
+    assert admission_denies_identity(stored(100, False), (50, True), NOW)  # a late, older grant
+    assert admission_denies_identity(stored(100, None), (50, False), NOW)
+
+
+def test_a_stored_decision_dated_after_now_loses_to_a_later_one() -> None:
+    # helper-108: a grant stamped during a day-fast spell of the server clock won over
+    # the visitor's denial a minute later, until the real time caught up with it.
+    now = 1_795_000_000_000
+    fast = consent_store.encode(RecordedConsent(now + 86_400_000, True, True, True, "grant"))
+    later = consent_store.merged(RecordedConsent(now - 1000, True, False, False, "deny"), fast, now_ms=now)
+    assert later is not None and (later.identity_resolution, later.third_party_sharing) == (False, False)
+    assert admission_denies_identity(fast, (now - 1000, False), now)
+    # a decision older than the seconds between receipt and commit still loses to it
+    older = consent_store.merged(RecordedConsent(now - 60_000, True, False, False, "old"), fast, now_ms=now)
+    assert older is not None and older.identity_resolution is True and older.at_ms == now - 10_000
 
 
 @given(
@@ -178,13 +193,13 @@ def test_admission_agrees_with_the_record_the_choice_would_leave(
     stored: RecordedConsent | None = None
     for n, (at, identity) in enumerate(decisions):
         raw = consent_store.encode(stored) if stored is not None else None
-        stored = consent_store.merged(RecordedConsent(at, True, identity, None, f"e{n}"), raw, now_ms=0) or stored
+        stored = consent_store.merged(RecordedConsent(at, True, identity, None, f"e{n}"), raw, now_ms=NOW) or stored
     assert stored is not None
     raw = consent_store.encode(stored)
     final = stored
     if choice is not None:
-        final = consent_store.merged(RecordedConsent(choice[0], True, choice[1], None, "c"), raw, now_ms=0) or stored
-    assert admission_denies_identity(raw, choice, 0) == (final.identity_resolution is False)
+        final = consent_store.merged(RecordedConsent(choice[0], True, choice[1], None, "c"), raw, now_ms=NOW) or stored
+    assert admission_denies_identity(raw, choice, NOW) == (final.identity_resolution is False)
 
 
 def test_a_fast_or_absurd_client_clock_is_the_time_of_receipt() -> None:

@@ -1,0 +1,52 @@
+"""The writer's clock does not follow a forward step of the wall clock at once."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from storage.age_clock import SLACK_MS, TRUST_AFTER_S, AgeClock
+
+
+class Clocks:
+    def __init__(self) -> None:
+        self.wall_ms = 1_795_000_000_000
+        self.steady_s = 100.0
+
+    def pass_s(self, seconds: float) -> None:
+        self.wall_ms += int(seconds * 1000)
+        self.steady_s += seconds
+
+
+def test_a_wall_clock_that_keeps_pace_or_steps_back_is_believed() -> None:
+    clocks = Clocks()
+    age = AgeClock(lambda: clocks.wall_ms, lambda: clocks.steady_s)
+    assert age() == clocks.wall_ms
+    clocks.pass_s(30)
+    assert age() == clocks.wall_ms
+    clocks.wall_ms += SLACK_MS  # slewing within the slack
+    assert age() == clocks.wall_ms
+    clocks.wall_ms -= 3_600_000  # an hour back: ages only shrink
+    assert age() == clocks.wall_ms
+
+
+def test_a_forward_step_is_believed_only_once_it_has_held(caplog: pytest.LogCaptureFixture) -> None:
+    clocks = Clocks()
+    age = AgeClock(lambda: clocks.wall_ms, lambda: clocks.steady_s)
+    start = age()
+    clocks.wall_ms += 8 * 86_400_000  # eight days ahead, with no time passing
+    with caplog.at_level(logging.WARNING, logger="collector.storage"):
+        assert age() == start
+        clocks.pass_s(65)
+        assert age() == start + 65_000  # real time goes on
+        clocks.wall_ms -= 8 * 86_400_000  # put back: believed at once
+        assert age() == clocks.wall_ms == start + 65_000
+        clocks.wall_ms += 8 * 86_400_000  # and ahead again, for good this time
+        assert age() == start + 65_000
+        clocks.pass_s(TRUST_AFTER_S - 1)
+        assert age() == start + 65_000 + int((TRUST_AFTER_S - 1) * 1000)
+        clocks.pass_s(1)
+        assert age() == clocks.wall_ms  # it held for TRUST_AFTER_S
+    said = [record.getMessage() for record in caplog.records]
+    assert len(said) == 3 and "jumped 691200 s ahead" in said[0] and "believed from now on" in said[2], said
