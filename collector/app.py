@@ -55,6 +55,7 @@ from collector.ingest.bots import BotClassifier
 from collector.limits.buckets import RateLimiter
 from collector.limits.usage import billing_period
 from collector.log_sink import stderr_sink
+from collector.logs import OncePerMinute
 from collector.metrics import Metrics, gauge
 from collector.metrics_share import SharedMetrics, publish_every_second
 from collector.runtime import (
@@ -244,7 +245,7 @@ def _process_gauges(services: Services) -> Iterator[Metric]:
         yield gauge("collector_connections_max", "Connections this process may hold (max_connections)", limits.total)
     yield gauge(
         "collector_log_lines_dropped",
-        "Log lines dropped because stderr was not being read (collector/log_sink.py)",
+        "Log lines dropped because stderr was not being read, or could not be written (collector/log_sink.py)",
         stderr_sink().dropped,
     )
     yield gauge("collector_lmdb_map_growths", "Times this process doubled the LMDB map", stats.map_growths)
@@ -366,7 +367,11 @@ def hypercorn_config(settings: Settings) -> HypercornConfig:
     # costs h11 one more header to validate per response.
     config.include_server_header = False
     config.errorlog = logging.getLogger("hypercorn.error")
+    config.errorlog.addFilter(_HYPERCORN_ERRORS)  # (the same filter once, however many configs)
     return config
+
+
+_HYPERCORN_ERRORS = OncePerMinute()
 
 
 async def serve(

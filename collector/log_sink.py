@@ -21,12 +21,13 @@ MAX_BACKLOG_BYTES = 4 * 1024 * 1024
 # At exit, after a drain of up to graceful_timeout (8 s): the contract's 10 s, and a
 # supervisor's SIGKILL at graceful_timeout + 1 s under `--workers`, leave this much.
 FLUSH_AT_EXIT_S = 0.5
+FAILED_WRITE_PAUSE_S = 1.0  # after a write failed: what comes meanwhile waits in the backlog
 # A write of at most PIPE_BUF bytes to a pipe is atomic: `--workers` children share
 # one stderr, and longer writes tore lines into each other.
 PIPE_BUF = select.PIPE_BUF
 _DROPPED_LINE = (
     '{"ts":"%s","level":"warning","logger":"collector.logs",'
-    '"msg":"%d log lines dropped: stderr was not being read"}\n'
+    '"msg":"%d log lines dropped: stderr was not being read, or could not be written"}\n'
 )
 
 
@@ -40,6 +41,7 @@ class StderrSink:
         self._backlog_bytes = 0
         self._writing = False  # the thread holds lines it has not written yet
         self._unreported_drops = 0
+        self._torn = False  # a failed write left a line without its end
         self.dropped = 0  # every line dropped since the start (a metric reads it)
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="stderr-sink", daemon=True)
@@ -79,16 +81,35 @@ class StderrSink:
                 self._backlog_bytes = 0
                 self._writing = True  # (an empty chunk with a drop notice is a write too)
                 drops, self._unreported_drops = self._unreported_drops, 0
+            lost = sum(self._write_piece(piece) for piece in _line_pieces(chunk, PIPE_BUF))
+            unsaid = 0  # drops whose notice did not go out: said with the next one
             if drops:  # after the lines taken before the drop, before those taken after it
                 stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())
-                chunk += (_DROPPED_LINE % (stamp, drops)).encode()
-            for piece in _line_pieces(chunk, PIPE_BUF):
-                self._write_all(piece)
+                unsaid = drops if self._write_piece((_DROPPED_LINE % (stamp, drops)).encode()) else 0
             with self._cond:
+                self.dropped += lost  # (lines lost to a failed write: a full disk, a reader gone)
+                self._unreported_drops += lost + unsaid
                 self._writing = False
                 self._cond.notify_all()
+            if lost or unsaid:
+                time.sleep(FAILED_WRITE_PAUSE_S)  # (not a busy loop while writes keep failing)
 
-    def _write_all(self, data: bytes) -> None:
+    def _write_piece(self, piece: bytes) -> int:
+        """Write `piece` (whole lines); the number of lines lost to a failed write.
+
+        A line cut off by a failure (a disk that filled mid-write) is ended before the
+        next piece, which would otherwise be glued to it (helper-109)."""
+        if self._torn:
+            piece = b"\n" + piece
+        left = self._write_all(piece)
+        if not left:
+            self._torn = False
+            return 0
+        self._torn = len(left) < len(piece) and not piece[: len(piece) - len(left)].endswith(b"\n")
+        return left.count(b"\n")
+
+    def _write_all(self, data: bytes) -> bytes:
+        """What of `data` could not be written (stderr closed, gone or full)."""
         view = memoryview(data)
         while view:
             try:
@@ -99,8 +120,9 @@ class StderrSink:
                 select.select([], [self._fd], [])
                 continue
             except OSError:
-                return  # stderr closed or gone: nothing to write to
+                return bytes(view)
             view = view[written:]
+        return b""
 
 
 def _line_pieces(data: bytes, limit: int) -> list[bytes]:

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import msgspec
 
-from collector.log_sink import stderr_sink
+from collector.log_sink import PIPE_BUF, stderr_sink
 
 _encoder = msgspec.json.Encoder()
+
+# A line (its newline too) at most PIPE_BUF bytes: one write then, which `--workers`
+# children sharing a stderr pipe cannot tear into each other (helper-109: a 12 KB
+# warning had another worker's line inside it at byte 4096).
+MAX_LINE_BYTES = PIPE_BUF - 1
+# JSON leaves these raw inside strings: DEL and the C1 controls, which some terminals
+# obey (U+009B starts an escape sequence), and the line breaks that readers splitting
+# lines the Unicode way (Python's str.splitlines) cut a record at. Escaped, the line
+# is the same JSON.
+_ESCAPED = str.maketrans({code: f"\\u{code:04x}" for code in (*range(0x7F, 0xA0), 0x2028, 0x2029)})
 
 
 class JsonFormatter(logging.Formatter):
@@ -26,7 +37,66 @@ class JsonFormatter(logging.Formatter):
             entry.update(fields)
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return _encoder.encode(entry).decode()
+        return one_line(entry)
+
+
+def one_line(entry: dict[str, object]) -> str:
+    """`entry` as a JSON line of at most MAX_LINE_BYTES, its long strings cut in the
+    middle as needed (a traceback keeps its first frames and its exception line)."""
+    line = _encode(entry)
+    if len(line.encode()) <= MAX_LINE_BYTES:
+        return line
+    # several long fields share the room; then the longest gives up what is still over
+    entry = {name: _middle(value, MAX_LINE_BYTES // 4) if isinstance(value, str) else value
+             for name, value in entry.items()}
+    for _ in range(8):
+        line = _encode(entry)
+        excess = len(line.encode()) - MAX_LINE_BYTES
+        if excess <= 0:
+            return line
+        name = max((k for k, v in entry.items() if isinstance(v, str)), key=lambda k: len(str(entry[k])))
+        value = str(entry[name])
+        size = len(_encode(value))  # (as encoded: escapes and UTF-8 take more bytes than characters)
+        entry[name] = _middle(value, max(0, len(value) * (size - excess) // size - 64))  # (64: the mark)
+    return _encode({key: entry[key] for key in ("ts", "level", "logger") if key in entry} | {"msg": "(cut)"})
+
+
+def _middle(value: str, keep: int) -> str:
+    """`value` with its middle cut out, `keep` characters left."""
+    if len(value) <= keep:
+        return value
+    return f"{value[: keep // 2]} [... {len(value) - keep} characters cut ...] {value[len(value) - (keep - keep // 2):]}"
+
+
+def _encode(value: object) -> str:
+    return _encoder.encode(value).decode().translate(_ESCAPED)
+
+
+class OncePerMinute(logging.Filter):
+    """Lets a logger's message through at most once a minute per message, saying how
+    many like it were held back since (hypercorn's "Error in ASGI Framework" with its
+    traceback, for one, is a client's to repeat: helper-109 sent 500 in a second)."""
+
+    def __init__(self, every_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self._every_s = every_s
+        self._clock = clock
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key, now = str(record.msg), self._clock()
+        last = self._last.get(key)
+        if last is not None and now - last < self._every_s:
+            self._held[key] = self._held.get(key, 0) + 1
+            return False
+        if len(self._last) > 256:  # (messages are few; never let them grow without end)
+            self._last.clear()
+        self._last[key] = now
+        held = self._held.pop(key, 0)
+        if held:
+            record.msg = f"{record.msg} ({held} more like it since the last one were not logged)"
+        return True
 
 
 class SinkHandler(logging.Handler):

@@ -127,7 +127,10 @@ class TenantsFile(msgspec.Struct, forbid_unknown_fields=True):
 SCOPES = frozenset({"events:write", "live:read", "signals:read", "signals:stream", "events:read"})
 # Plan names: spec 2.1's two, and the older values its normalisation covers.
 _FREE_ALIASES = frozenset({"free", "explore", "trial", "starter", "hobby", "developer"})
-_NAME_TEXT = re.compile(r"[^\x00]+")  # ids are joined with NUL in storage keys: one in an id could collide
+# Ids are joined with NUL in storage keys (one in an id could collide), and are written
+# into every access line: no control characters (C0, DEL, C1: terminals obey some) and
+# no Unicode line breaks (helper-109).
+_NAME_TEXT = re.compile(r"[^\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 
 
 class TenantsFileError(ValueError):
@@ -224,7 +227,10 @@ def _check_entry(record: KeyRecord, index: int) -> None:
     names += [(f"{where}.sites[{n}].siteId", site.siteId) for n, site in enumerate(record.sites)]
     for at, name in names:
         if name and not _NAME_TEXT.fullmatch(name):  # ("" billingAccount means the clientId)
-            raise TenantsFileError(f"invalid tenants file: a NUL character in {name!r} - at {at}")
+            bad = next(char for char in name if not _NAME_TEXT.fullmatch(char))
+            raise TenantsFileError(
+                f"invalid tenants file: a control character (U+{ord(bad):04X}) in {name!r} - at {at}"
+            )
         if name and len(name.encode()) > MAX_NAME_BYTES:
             raise TenantsFileError(
                 f"invalid tenants file: {at.rpartition('.')[2]} is {len(name.encode())} bytes in UTF-8,"

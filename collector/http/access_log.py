@@ -78,7 +78,8 @@ def log_request(
         flush()
 
 
-_C1_CONTROLS = {code: "\ufffd" for code in range(0x80, 0xA0)}
+# (with DEL and the Unicode line breaks, which readers splitting lines as str.splitlines does cut at)
+_C1_CONTROLS = {code: "\ufffd" for code in (0x7F, *range(0x80, 0xA0), 0x2028, 0x2029)}
 
 
 def _loggable_id(request_id: str) -> str:

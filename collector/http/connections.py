@@ -64,6 +64,7 @@ import math
 import re
 import resource
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -129,11 +130,16 @@ class ConnectionGuard:
             self._unlogged += 1
             return
         unlogged, self._unlogged, self._last_logged = self._unlogged, 0, now
+        # Where it failed, and what, but not the exception's message: hypercorn's and
+        # h11's carry the request they failed on, headers and all (helper-109: an API
+        # key, a signature and a stream token were written to the log).
+        where = "".join(traceback.format_tb(cause.__traceback__))
         log.warning(
             "a connection ended on an error in the HTTP layer; the server goes on"
             " (%d more since the last such message)",
             unlogged,
-            exc_info=exc,
+            extra={"fields": {"exc": f"{where}{type(cause).__module__}.{type(cause).__qualname__}"
+                                     " (its message is not logged: it may hold the request)"}},
         )
 
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from urllib.parse import unquote, urlsplit
 
+import h11
 from quart_trio import QuartTrio
 
 from collector.errors import ServiceError, render_error
@@ -108,7 +109,7 @@ class Router:
         error = ServiceError("not_found", f"no WebSocket route is served at {request.path} yet")
         denial = "websocket.http.response" in scope.get("extensions", {})
         # Without the denial extension the server answers a handshake closed before it was accepted with 403.
-        status = error.status if denial else 403
+        status, code = error.status if denial else 403, error.code
         try:
             if denial:
                 body = render_error(error)
@@ -121,7 +122,12 @@ class Router:
                 await send({"type": "websocket.http.response.body", "body": body})
             else:
                 await send({"type": "websocket.close", "code": 1008})
+        except h11.LocalProtocolError:
+            # hypercorn had answered the connection already: a bare 400 for bytes after the
+            # handshake that are no WebSocket frame (helper-109: the refusal raised into
+            # hypercorn, an ERROR traceback each time, and was logged as the 404 never sent)
+            status, code = 400, "bad_request"
         finally:  # (a client gone mid-answer is still a request that was refused)
             self.services.metrics.count_request("unmatched", status)
             if self.services.settings.access_log:
-                log_request(request, "unmatched", status, error.code, None, started)
+                log_request(request, "unmatched", status, code, None, started)

@@ -774,6 +774,28 @@ async def test_a_refusal_before_the_body_logs_what_the_client_got_when_the_body_
     assert 'collector_requests_total{route="/v1/events",status="499"} 1.0' in metrics
 
 
+async def test_a_websocket_handshake_followed_by_stray_bytes_is_logged_as_answered_without_a_traceback(
+    nursery: trio.Nursery, tmp_path: Path, access_lines: Callable[[], list[dict[str, Any]]],
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    # (access_lines: the access log at INFO, as serve has it)
+    # helper-109: hypercorn answered such a connection with a bare 400; the route's 404
+    # refusal then raised into hypercorn, which logged an ERROR traceback each time (any
+    # client could flood the log with them), and the access line said 404.
+    server = await start_server(nursery, tmp_path, access_log=True)
+    for _ in range(3):
+        async with await _open(server) as stream:
+            await stream.send_all(b"GET /healthz HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                                  b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\nx")
+            assert (await _read_until_closed(stream)).startswith(b"HTTP/1.1 400")
+    access_log.flush()  # (the fixture's reader, by hand: the other lines are wanted too)
+    assert stderr_sink().flush(5)
+    logged = [json.loads(line) for line in capfd.readouterr().err.splitlines() if line.startswith("{")]
+    assert [(line["route"], line["status"], line["error"]) for line in logged
+            if line["msg"] == "request"] == [("unmatched", 400, "bad_request")] * 3
+    assert not [line for line in logged if line["level"] == "error"], logged
+
+
 async def _refused_then_reused(server: RunningServer, path: str, key: str, body: bytes) -> tuple[bytes, bytes]:
     """A POST refused before its body is read (the body arrives late), then a second request on the same connection."""
     head = (

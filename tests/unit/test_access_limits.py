@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 
 import msgspec
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from collector.access.domains import bind_site, gate, is_loopback, request_host
 from collector.access.scopes import require_scope
 from collector.access.signature import sign, verify_server_signature
-from collector.access.tenants import KeyRecord, Plan
+from collector.access.tenants import KeyRecord, Plan, TenantsFileError, parse_tenants_file
 from collector.errors import ServiceError
 from collector.limits.buckets import RateLimiter, rate_headers, refusal
 from collector.limits.rates import bucket_id, scope_rate
@@ -272,3 +273,15 @@ def test_rate_headers_and_refusal() -> None:
     error = refusal(refused, "ingest")
     assert error.code == "rate_limit_exceeded" and error.extra["retryAfter"] == 59
     assert dict(rate_headers(refused, "ingest"))["Retry-After"] == "59"
+
+
+@pytest.mark.parametrize("bad", ["\x00", "\x1b", "\x7f", "\u009b", "\u2028"])
+def test_tenant_ids_with_control_characters_are_refused(bad: str) -> None:
+    # helper-109: a clientId holding U+009B or U+2028 went raw into every access line
+    # (only NUL was refused, for the storage keys it separates)
+    record = {"key": "cs_live_ctl00000000", "clientId": f"ev{bad}il", "plan": "paid",
+              "sites": [{"siteId": "web", "domains": ["a.com"]}]}
+    with pytest.raises(TenantsFileError) as refused:
+        parse_tenants_file(json.dumps({"keys": [record]}).encode())
+    assert f"a control character (U+{ord(bad):04X})" in str(refused.value) and "keys[0].clientId" in str(refused.value)
+    parse_tenants_file(json.dumps({"keys": [{**record, "clientId": "évil ☃"}]}).encode())  # other text is fine

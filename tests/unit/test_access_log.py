@@ -40,6 +40,8 @@ def test_a_request_id_is_logged_as_the_utf8_sent_without_c1_controls(
     monkeypatch.setattr(access_log.access, "level", logging.INFO)
     assert _logged_id("café-1".encode(), capfd) == "café-1"
     assert _logged_id("x\u009b31m-y".encode(), capfd) == "x\ufffd31m-y"
+    # and DEL, and the line breaks str.splitlines cuts a record at (helper-109)
+    assert _logged_id("a\u2028b\u2029c\x7fd".encode(), capfd) == "a\ufffdb\ufffdc\ufffdd"
 
 
 async def test_a_request_refused_as_the_server_closes_is_logged(

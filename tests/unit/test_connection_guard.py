@@ -27,6 +27,11 @@ async def test_failures_are_counted_and_the_log_is_rate_limited(caplog: pytest.L
     messages = [record.getMessage() for record in caplog.records]
     assert len(messages) == 2
     assert "(0 more since" in messages[0] and "(2 more since" in messages[1]
+    # where it failed, but not the message: hypercorn's carry the request, headers and all
+    logged = caplog.records[0].fields["exc"]  # type: ignore[attr-defined]
+    assert "_raise_key_error" in logged and logged.endswith("builtins.KeyError (its message is not logged:"
+                                                           " it may hold the request)")
+    assert "cs_srv_live_secret" not in logged and caplog.records[0].exc_info is None
 
 
 async def test_cancellation_is_not_swallowed() -> None:

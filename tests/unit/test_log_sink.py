@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import resource
 import threading
+import time
+from pathlib import Path
 
-from collector.log_sink import StderrSink
+from collector.log_sink import PIPE_BUF, StderrSink
+from collector.logs import one_line
 
 
 def test_a_reader_that_stops_reading_blocks_no_writer_and_loses_only_what_overflows() -> None:
@@ -66,3 +71,41 @@ def test_writes_are_whole_lines_no_longer_than_a_pipe_writes_at_once() -> None:
     pieces = _line_pieces(data, PIPE_BUF)
     assert b"".join(pieces) == data and all(piece.endswith(b"\n") for piece in pieces)
     assert all(len(piece) <= PIPE_BUF for piece in pieces if piece.count(b"\n") > 1)
+
+
+def test_a_failed_write_ends_the_line_it_cut_and_counts_what_it_lost(tmp_path: Path) -> None:
+    # helper-109: stderr on a disk that filled mid-write left half a line that the next
+    # record was glued to, and the lines lost were counted nowhere.
+    path = tmp_path / "stderr"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    sink = StderrSink(fd)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100, hard))  # (Python ignores SIGXFSZ: the write fails)
+        sink.write(b'{"a":"' + b"x" * 200 + b'"}\n{"b":1}\n')
+        deadline = time.monotonic() + 5
+        while sink.dropped < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert sink.dropped == 2
+    sink.write(b'{"c":2}\n')
+    assert sink.flush(5)
+    os.close(fd)
+    cut, *rest = path.read_bytes().split(b"\n")
+    assert len(cut) == 100 and rest[-1] == b""
+    records = [json.loads(line) for line in rest[:-1]]
+    assert records[0] == {"c": 2} and records[1]["msg"] == "2 log lines dropped: stderr was not being read, or could not be written"
+
+
+def test_a_log_record_is_one_line_of_at_most_a_pipe_write_with_controls_escaped() -> None:
+    # helper-109: a 12 KB warning was written in one write past PIPE_BUF, and another
+    # worker's line landed inside it; U+2028 and C1 controls went out raw.
+    line = one_line({"ts": "t", "msg": "m\u2028\u009b\x7f" + "a" * 10_000, "exc": "Traceback\n" + "b" * 20_000 + "\nKeyError: 'k'"})
+    assert len(line.encode()) <= PIPE_BUF - 1 and "\u2028" not in line and "\u009b" not in line
+    record = json.loads(line)
+    assert record["msg"].startswith("m\u2028\u009b\x7faaa") and " characters cut ...] " in record["msg"]
+    assert record["exc"].startswith("Traceback\nbbb") and record["exc"].endswith("bbb\nKeyError: 'k'")
+    assert one_line({"msg": "short"}) == '{"msg":"short"}'
+    wide = json.loads(one_line({"msg": "\x01" * 5000}))["msg"]  # (escaped: 6 bytes a character)
+    assert 500 < len(wide) < 700

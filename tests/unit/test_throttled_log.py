@@ -6,6 +6,7 @@ import logging
 
 import pytest
 
+from collector.logs import OncePerMinute
 from storage.throttled_log import ThrottledLog
 
 
@@ -32,3 +33,21 @@ def test_each_cause_is_throttled_apart(caplog: pytest.LogCaptureFixture) -> None
         logged("storage unavailable: %s", "data.mdb was removed", cause="removed")
     assert [record.getMessage() for record in caplog.records] == [
         "storage unavailable: writer queue full", "storage unavailable: data.mdb was removed"]
+
+
+def test_once_per_minute_holds_back_a_repeated_message_and_says_how_many() -> None:
+    now = [0.0]
+    held = OncePerMinute(clock=lambda: now[0])
+
+    def passes(msg: str) -> str | None:
+        record = logging.LogRecord("hypercorn.error", logging.ERROR, __file__, 1, msg, None, None)
+        return record.getMessage() if held.filter(record) else None
+
+    assert passes("Error in ASGI Framework") == "Error in ASGI Framework"
+    assert passes("Error in ASGI Framework") is None
+    assert passes("another") == "another"  # per message
+    now[0] = 30.0
+    assert passes("Error in ASGI Framework") is None
+    now[0] = 61.0
+    assert passes("Error in ASGI Framework") == (
+        "Error in ASGI Framework (2 more like it since the last one were not logged)")
