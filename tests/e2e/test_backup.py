@@ -55,7 +55,7 @@ def test_a_restore_that_leaves_no_field_key_file_says_so(tmp_path: Path) -> None
     run_cli("backup", str(tmp_path / "bk"), data_dir=data_dir)
     restored = run_cli("restore", str(tmp_path / "bk"), data_dir=tmp_path / "restored")
     assert "warning: the restored directory has no field-key file (field-keys.json)" in restored.stderr
-    (data_dir / "field-keys.json").write_text('{"active": "k1", "keys": {"k1": "' + "A" * 44 + '"}}')
+    (data_dir / "field-keys.json").write_text('{"active": "k1", "keys": {"k1": "' + "A" * 43 + '="}}')
     (data_dir / "field-keys.json").chmod(0o600)
     run_cli("backup", str(tmp_path / "bk2"), "--with-field-keys", data_dir=data_dir)
     restored = run_cli("restore", str(tmp_path / "bk2"), data_dir=tmp_path / "restored2")
@@ -67,7 +67,7 @@ def test_backup_finds_a_field_key_file_the_config_names(tmp_path: Path) -> None:
     # may), `backup --with-field-keys` looked beside the data and took no --config.
     data_dir, keys = tmp_path / "data", tmp_path / "secrets" / "fk.json"
     keys.parent.mkdir()
-    keys.write_text('{"active": "k1", "keys": {"k1": "' + "A" * 44 + '"}}')
+    keys.write_text('{"active": "k1", "keys": {"k1": "' + "A" * 43 + '="}}')
     keys.chmod(0o600)
     config = tmp_path / "collector.toml"
     config.write_text(f'field_key_file = "{keys}"\n')
