@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 
@@ -11,6 +12,12 @@ import msgspec
 from collector.log_sink import PIPE_BUF, stderr_sink
 
 _encoder = msgspec.json.Encoder()
+_process_fields: dict[str, object] = {}  # on every line (configure_logging)
+
+
+def process_fields() -> dict[str, object]:
+    """What every log line of this process carries besides its own fields."""
+    return _process_fields
 
 # A line (its newline too) at most PIPE_BUF bytes: one write then, which `--workers`
 # children sharing a stderr pipe cannot tear into each other (helper-109: a 12 KB
@@ -31,6 +38,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
+            **_process_fields,
         }
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
@@ -111,7 +119,12 @@ class SinkHandler(logging.Handler):
         stderr_sink().write(line.encode("utf-8", "backslashreplace"))
 
 
-def configure_logging(level: int = logging.INFO) -> None:
+def configure_logging(level: int = logging.INFO, *, worker: int | None = None) -> None:
+    """`worker`: the `serve --workers` child's index, which each of its lines carries
+    with its pid (helper-109: the children's lines could not be told apart, so a
+    supervisor's "worker 1 (pid X) exited" matched none of them)."""
+    global _process_fields
+    _process_fields = {} if worker is None else {"worker": worker, "pid": os.getpid()}
     handler = SinkHandler()
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()

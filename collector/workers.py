@@ -410,7 +410,7 @@ def child_main(argv: list[str] | None = None) -> int:
     report_fatal_signals()
     _die_with_parent(args.parent)
     settings = msgspec.json.decode(args.settings, type=Settings)
-    configure_logging()
+    configure_logging(worker=args.index)
     tune_gc()  # every worker serves like a one-process collector does
     from collector.fieldkeys import KeyFileError
     from storage.errors import FormatError

@@ -20,6 +20,7 @@ from collector.access.hostnames import utf8_header
 from collector.http.asgi import Request
 from collector.ingest.payment import text_has_card
 from collector.log_sink import stderr_sink
+from collector.logs import process_fields
 
 access = logging.getLogger("collector.access")
 
@@ -61,6 +62,7 @@ def log_request(
             "level": "info",
             "logger": "collector.access",
             "msg": "request",
+            **process_fields(),
             "method": request.method,
             "route": route,
             "status": status,

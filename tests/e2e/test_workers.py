@@ -190,6 +190,13 @@ def test_a_worker_that_dies_is_restarted(tmp_path: Path) -> None:
     finally:
         assert server.stop() == 0
     assert dump_counts(server.data_dir)["after"] == 1
+    # the supervisor's line names the worker and pid that each of its own lines carries
+    # (helper-109: the children's lines could not be told apart)
+    lines = [json.loads(line) for line in server.log.read_text().splitlines() if line.startswith("{")]
+    exited = next(line for line in lines if "exited unexpectedly" in line["msg"])
+    assert f"worker 1 (pid {first[1]})" in exited["msg"] and "worker" not in exited
+    assert {(line["worker"], line["pid"]) for line in lines if line.get("pid") == first[1]} == {(1, first[1])}
+    assert {line.get("worker") for line in lines if line["msg"].startswith("listening on")} >= {0, 1}
 
 
 def test_a_worker_stopped_on_purpose_is_started_again_and_no_crash(tmp_path: Path) -> None:
