@@ -23,6 +23,7 @@ import msgspec
 PREFIX = "csst_"
 DEFAULT_TTL_S = 300
 MAX_TTL_S = 86_400
+CLOCK_STEP_S = 300  # a token whose expiry is further off than MAX_TTL_S plus this is refused
 
 
 class StreamClaims(msgspec.Struct, frozen=True):
@@ -89,5 +90,9 @@ def verify(secret: bytes, token: str | None, *, now_s: int) -> StreamClaims:
     except msgspec.DecodeError:
         raise StreamTokenRefused("malformed") from None
     if claims.expiresAt <= now_s:
+        raise StreamTokenRefused("expired")
+    if claims.expiresAt > now_s + MAX_TTL_S + CLOCK_STEP_S:
+        # minted while the clock ran far ahead (helper-108: a token minted a year fast
+        # was good for a year): no token lives longer than MAX_TTL_S from now
         raise StreamTokenRefused("expired")
     return claims

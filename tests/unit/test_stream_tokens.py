@@ -63,3 +63,13 @@ def test_ttl_bounds() -> None:
     for ttl in (0, 86_401):
         with pytest.raises(ValueError):
             mint(SECRET, client_id="acme", api_key="k", now_s=0, ttl_s=ttl)
+
+
+def test_a_token_minted_by_a_clock_far_ahead_is_refused() -> None:
+    # helper-108: minted a year fast, a token verified for a year
+    year = 365 * 86_400
+    token = mint(SECRET, client_id="acme", api_key="k", now_s=1_795_000_000 + year, ttl_s=300)
+    with pytest.raises(StreamTokenRefused, match="expired"):
+        verify(SECRET, token, now_s=1_795_000_000)
+    longest = mint(SECRET, client_id="acme", api_key="k", now_s=1_795_000_000 + 200, ttl_s=86_400)
+    assert verify(SECRET, longest, now_s=1_795_000_000).expiresAt == 1_795_086_600  # (a few minutes ahead: fine)
