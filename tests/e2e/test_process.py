@@ -194,11 +194,15 @@ def test_cli_tenants_import_list_and_errors(tmp_path: Path) -> None:
     ]}))
     assert run_cli("tenants", "import", str(lenient), data_dir=data_dir).returncode == 0
     # A space inside a key is legal in a header, and was accepted before: still is.
-    # A line break in a clientId stays inside the key's one output line.
+    # A line break in a clientId is refused (it went raw into every access line:
+    # helper-109), in a one-line message.
     inner = tmp_path / "inner.json"
+    inner.write_text(json.dumps({"keys": [{"key": "cs_live_a b c d", "clientId": "ab"}]}))
+    assert run_cli("tenants", "import", str(inner), data_dir=data_dir).stdout.count("\n") == 1
     inner.write_text(json.dumps({"keys": [{"key": "cs_live_a b c d", "clientId": "a\nb"}]}))
-    result = run_cli("tenants", "import", str(inner), data_dir=data_dir)
-    assert result.stdout.count("\n") == 1 and "clientId=a\\nb" in result.stdout, result.stdout
+    result = run_cli("tenants", "import", str(inner), data_dir=data_dir, check=False)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "a control character (U+000A) in 'a\\nb'" in result.stderr
 
 
 def test_cli_key_rotation(tmp_path: Path) -> None:
