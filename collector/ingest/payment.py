@@ -114,11 +114,13 @@ def _raw_has_card(raw: bytes) -> bool:
         if run and not (
             run.isdigit() and (run[0] in _NO_ISSUER or not 12 <= len(run) <= 19 or not _luhn_ascii(run))
         ):
-            # Context each side: a whole escape (\n, or \u0019 whose hex
-            # digits the run may have taken in) and a decimal point. Escapes
+            # Context each side: on the left enough that the escapes just before
+            # the run are whole (\n, or \u0019 whose hex digits the run may have
+            # taken in; helper-111: "\u00dfX23+..." cut after its backslash read
+            # "fX" as an IBAN's country), on the right a decimal point. Escapes
             # and non-ASCII bytes become U+FFFD, which may stand for a letter
             # or not: both readings are checked, a superset of text_has_card.
-            window = raw[max(0, start - 6) : end + 2].replace(b"\xc2\xa0", b" ")
+            window = raw[max(0, start - 32) : end + 2].replace(b"\xc2\xa0", b" ")
             if _has_card(_RAW_ESCAPE.sub(b"\xff", window).decode("ascii", "replace"), unsure="\ufffd"):
                 return True
         start = mapped.find(_RUN, end)
@@ -267,28 +269,40 @@ def _has_card(text: str, *, unsure: str) -> bool:
         # A group glued to a letter or digit, or a decimal fraction, belongs to
         # a longer token; a later group of the run may still be a card in one piece.
         before = _glued_before(text, match.start(), unsure)
-        if _glued_after(text, match.end(), unsure):
-            groups = groups[:-1]
-        if _inside_iban(text, match.start()):
+        after = _glued_after(text, match.end(), unsure)
+        # Unsure (the raw pre-filter), both readings count: with the last group and
+        # without it (helper-111: keeping it made 15 digits a phone's, and the card went).
+        readings = [groups] if after is False else [groups[:-1]] if after else [groups, groups[:-1]]
+        # (the pre-filter does not skip what looks like an IBAN: its few bytes of
+        # context may lack the letter before "DE89", helper-111; the full walk decides)
+        if not unsure and _inside_iban(text, match.start()):
             continue
-        for start in range(len(groups)):
-            if start == 0:
-                cards = groups if before is not True and not _international_phone(text, match.start(), groups, unsure) else []
-            elif start == 1 and (before is None or (before and not _iban_check_digits(text, match.start(), groups[0]))):
-                # After a glued group ("rv:133.0 4111 1111 ...", "SKU A7 5555-5555-..."),
-                # or one that may be: the rest, grouped as cards are; not after an IBAN's
-                # country and check digits ("DE51 5001 0517 1703 7296 84").
-                cards = groups[1:]
-            elif len(groups[start]) in (15, 16):
-                # A card in one piece after other digits ("Firefox/133 4111111111111111",
-                # "year 2026 4111..."): the lengths nearly every card has. Shorter groups
-                # there are barcodes and ids, and digits grouped after other groups are
-                # IBANs ("DE 91 5906 6627 ...") and references.
-                cards = groups[start : start + 1]
-            else:
-                continue
-            if cards and _groups_hold_card(cards):
-                return True
+        if any(_groups_from_run(text, match.start(), kept, before, unsure) for kept in readings):
+            return True
+    return False
+
+
+def _groups_from_run(text: str, start_at: int, groups: list[str], before: bool | None, unsure: str) -> bool:
+    """Whether a card starts at one of the run's groups (`before`: the first is glued to
+    what precedes it; None when unsure)."""
+    for start in range(len(groups)):
+        if start == 0:
+            cards = groups if before is not True and not _international_phone(text, start_at, groups, unsure) else []
+        elif start == 1 and (before is None or (before and not _iban_check_digits(text, start_at, groups[0]))):
+            # After a glued group ("rv:133.0 4111 1111 ...", "SKU A7 5555-5555-..."),
+            # or one that may be: the rest, grouped as cards are; not after an IBAN's
+            # country and check digits ("DE51 5001 0517 1703 7296 84").
+            cards = groups[1:]
+        elif len(groups[start]) in (15, 16):
+            # A card in one piece after other digits ("Firefox/133 4111111111111111",
+            # "year 2026 4111..."): the lengths nearly every card has. Shorter groups
+            # there are barcodes and ids, and digits grouped after other groups are
+            # IBANs ("DE 91 5906 6627 ...") and references.
+            cards = groups[start : start + 1]
+        else:
+            continue
+        if cards and _groups_hold_card(cards):
+            return True
     return False
 
 
@@ -334,10 +348,12 @@ def _glued_before(text: str, start: int, unsure: str) -> bool | None:
     return None if text[start - 2] in unsure else text[start - 2].isdigit()
 
 
-def _glued_after(text: str, end: int, unsure: str) -> bool:
-    """Whether the run's last group is glued to what follows (unsure: not, which checks more)."""
-    if end == len(text) or text[end] in unsure:
+def _glued_after(text: str, end: int, unsure: str) -> bool | None:
+    """Whether the run's last group is glued to what follows; None when unsure."""
+    if end == len(text):
         return False
+    if text[end] in unsure:
+        return None
     char = text[end]
     if char.isalnum():
         return True

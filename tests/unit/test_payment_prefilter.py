@@ -293,3 +293,16 @@ def test_a_non_ascii_letter_before_a_plus_and_a_card_number_is_looked_through() 
     # a lone plus after a space or a quote is still a phone's
     for text in (" +36227206271667", "+378282246310005", "tel: +378282246310005"):
         assert not text_has_card(text), text
+
+
+def test_the_pre_filter_reads_a_run_both_ways_where_it_is_unsure() -> None:
+    # helper-111, by comparing the pre-filter with the full walk over 750,000 strings:
+    # a letter well before an IBAN-like token was outside the pre-filter's few bytes of
+    # context, so the run was skipped as an IBAN; and a non-ASCII character after the run
+    # kept its last group, which made 15 digits an international phone number's.
+    # And an escape one character before the run was cut after its backslash.
+    for text in ("order XDE89AB12 4111111111111111", "tel +3622 7206 2716 67 9\u03a9",
+                 "%\u00dfX23+3622 7206 2716 67_GB15 NWBK "):
+        assert text_has_card(text), text
+        for raw in encodings({"events": [{"label": text}]}):
+            assert find_payment_data(raw, json.loads(raw)) is not None, raw
