@@ -99,14 +99,13 @@ class StderrSink:
 
         A line cut off by a failure (a disk that filled mid-write) is ended before the
         next piece, which would otherwise be glued to it (helper-109)."""
-        if self._torn:
-            piece = b"\n" + piece
-        left = self._write_all(piece)
-        if not left:
-            self._torn = False
-            return 0
-        self._torn = len(left) < len(piece) and not piece[: len(piece) - len(left)].endswith(b"\n")
-        return left.count(b"\n")
+        ending = b"\n" if self._torn else b""  # the cut line's end, still owed
+        sent = ending + piece
+        left = self._write_all(sent)
+        written = len(sent) - len(left)
+        if written:  # (nothing written: the cut line is still cut, helper-111)
+            self._torn = not sent[:written].endswith(b"\n")
+        return left[len(ending) - written :].count(b"\n") if written < len(ending) else left.count(b"\n")
 
     def _write_all(self, data: bytes) -> bytes:
         """What of `data` could not be written (stderr closed, gone or full)."""
