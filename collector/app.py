@@ -68,7 +68,7 @@ from collector.services import Services, wall_clock
 from collector.settings import Settings, SettingsError, load_cidrs
 from collector.signals.projection import VisitorProjection
 from collector.tenants_admin import import_tenants, imported_term_notes, settle_account_suspension
-from storage.age_clock import AgeClock
+from storage.age_clock import ANCHOR_KEY, AgeClock, boot_id, decode_anchor, encode_anchor
 from storage.counters import iter_counters, mark_overage_counting
 from storage.env import Storage
 from storage.errors import StorageError
@@ -160,11 +160,14 @@ def build_services(
     """`steady`: seconds that pass at real speed, against which `clock` is checked for
     the ages the writer judges (storage/age_clock.py)."""
     metrics = Metrics()
+    with storage.read() as txn:  # where the last process of this boot left the clock (storage/age_clock.py)
+        seed = decode_anchor(txn.get(ANCHOR_KEY, db=storage.dbs.meta), boot_id())
+    age_clock = AgeClock(lambda: int(clock() * 1000), steady, seed=seed)
     writer = GroupCommitWriter(
         storage,
         max_queue=settings.writer_max_queue,
         max_group=settings.writer_max_group,
-        clock_ms=AgeClock(lambda: int(clock() * 1000), steady),
+        clock_ms=age_clock,
         on_commit=metrics.on_commit,
     )
     # Every worker folds its own groups into the visitor records as it commits
@@ -353,6 +356,12 @@ async def noop_handler(scope: Scope, receive: Receive, send: Send) -> None:
     await send_response(send, 202, b'{"success":true}', [])
 
 
+def _recorded_anchor(clock: Callable[[], int], boot: bytes) -> bytes | None:
+    """What the retention sweep records for the next process of this boot to start from."""
+    reading = clock.anchor() if isinstance(clock, AgeClock) and boot else None
+    return encode_anchor(reading, boot) if reading is not None else None
+
+
 def hypercorn_config(settings: Settings) -> HypercornConfig:
     config = HypercornConfig()
     config.bind = [settings.bind]
@@ -419,6 +428,7 @@ async def serve(
                     idempotency_window_ms=settings.idempotency_window_ms,
                     consumers=(VISITORS_CURSOR,),  # every outbox consumer registers here
                     replay_retention_ms=int(settings.replay_retention_hours * 3_600_000),
+                    clock_anchor=partial(_recorded_anchor, services.writer.clock_ms, boot_id()),
                 )
                 await outer.start(
                     partial(run_retention, interval_s=settings.retention_interval_s),

@@ -10,47 +10,64 @@ billed again (helper-108).
 
 So the wall clock is believed while it keeps pace with the monotonic clock
 (within SLACK_MS) or steps back (ages only shrink then: nothing is removed
-early). When it runs ahead of the time that has really passed, the writer
-goes on from the last reading it believed, at real speed, until the wall
-clock has stayed ahead for TRUST_AFTER_S: a correction that holds (a clock
-that was slow and was put right) is then believed. A forward step therefore
-removes nothing for TRUST_AFTER_S, and what a step that lasts less than that
-would have expired is kept.
+early), and when it comes back up to a time it was believed to have reached
+(a step back corrected: helper-111). When it runs further ahead than the time
+that has really passed, the writer goes on at real speed from the latest time
+it believed, until the wall clock has stayed ahead for TRUST_AFTER_S: a
+correction that holds (a clock that was slow and was put right) is then
+believed. A forward step therefore removes nothing for TRUST_AFTER_S.
+
+A new process (a restarted worker, serve restarted by systemd) starts from the
+anchor the retention sweep records in `meta` (the time believed, against the
+monotonic clock, which every process of one boot shares), so a restart during
+a jump does not believe it at once (helper-111: a worker killed during one
+removed everything). After a reboot the anchor says nothing, and the wall clock
+is believed as the process finds it.
 """
 
 from __future__ import annotations
 
 import logging
+import struct
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 log = logging.getLogger("collector.storage")
 
 SLACK_MS = 5_000  # ordinary NTP slewing and scheduling delays stay well inside this
 TRUST_AFTER_S = 600.0
+ANCHOR_KEY = b"age_clock_anchor"  # in meta: see encode_anchor
+_ANCHOR = struct.Struct(">qd")
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+Reading = tuple[int, float]  # (wall ms, steady s)
 
 
 class AgeClock:
     """Callable: milliseconds for stamping and judging ages, from `wall_ms` checked by `steady_s`."""
 
-    def __init__(self, wall_ms: Callable[[], int], steady_s: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, wall_ms: Callable[[], int], steady_s: Callable[[], float] = time.monotonic, *, seed: Reading | None = None
+    ) -> None:
         self._wall_ms = wall_ms
         self._steady_s = steady_s
-        self._believed: tuple[int, float] | None = None  # (wall ms, steady s) of the last reading believed
+        self._believed: Reading | None = seed  # the last reading believed
+        self._high: Reading | None = seed  # the reading believed that projects furthest
         self._ahead_since: float | None = None  # steady s when the wall clock was first found ahead
-        self._lock = threading.Lock()  # (the writer thread reads it; so may a test or a command)
+        self._lock = threading.Lock()  # (the writer thread reads it; so may the sweep's anchor)
 
     def __call__(self) -> int:
         wall, steady = self._wall_ms(), self._steady_s()
         with self._lock:
             if self._believed is None:
-                self._believed = (wall, steady)
+                self._believe(wall, steady)
                 return wall
-            expected = self._believed[0] + int((steady - self._believed[1]) * 1000)
+            expected = self._expected(steady)
             if wall <= expected + SLACK_MS:
                 self._ahead_since = None
-                self._believed = (wall, steady)
+                self._believe(wall, steady)
                 return wall
             if self._ahead_since is None:
                 self._ahead_since = steady
@@ -62,6 +79,49 @@ class AgeClock:
             if steady - self._ahead_since >= TRUST_AFTER_S:
                 log.warning("the wall clock stayed ahead for %.0f s: it is believed from now on", TRUST_AFTER_S)
                 self._ahead_since = None
-                self._believed = (wall, steady)
+                self._believed = self._high = (wall, steady)
                 return wall
             return expected
+
+    def anchor(self) -> Reading | None:
+        """The furthest time believed, as of now on the steady clock (None before a reading)."""
+        with self._lock:
+            if self._believed is None:
+                return None
+            steady = self._steady_s()
+            return self._expected(steady), steady
+
+    def _expected(self, steady: float) -> int:
+        return max(_projected(reading, steady) for reading in (self._believed, self._high) if reading is not None)
+
+    def _believe(self, wall: int, steady: float) -> None:
+        self._believed = (wall, steady)
+        if self._high is None or wall >= _projected(self._high, steady):
+            self._high = (wall, steady)
+
+
+def _projected(reading: Reading, steady: float) -> int:
+    return reading[0] + int((steady - reading[1]) * 1000)
+
+
+def encode_anchor(reading: Reading, boot_id: bytes) -> bytes:
+    return _ANCHOR.pack(*reading) + boot_id
+
+
+def decode_anchor(raw: bytes | memoryview | None, boot_id: bytes) -> Reading | None:
+    """The recorded anchor when this boot recorded it (the monotonic clock restarts with a boot)."""
+    if raw is None or not boot_id:
+        return None
+    raw = bytes(raw)
+    if len(raw) != _ANCHOR.size + len(boot_id) or raw[_ANCHOR.size :] != boot_id:
+        return None
+    wall, steady = _ANCHOR.unpack(raw[: _ANCHOR.size])
+    return int(wall), float(steady)
+
+
+def boot_id() -> bytes:
+    """This boot's id (Linux), or b"" where there is none: no anchor is kept then."""
+    try:
+        return BOOT_ID.read_bytes().strip()
+    except OSError:
+        return b""

@@ -53,6 +53,9 @@ def consent_key(client_id: str, site_id: str, visitor_id: str) -> bytes:
 # turn the damage into a grant, and a new decision replaces it field by field.
 # `collector check` reports the record.
 UNREADABLE_SLACK_MS = 10_000
+# How far ahead of the writer's clock a decision may be dated by a client (spec 2.2 lets a
+# timestamp stand up to five minutes off; collector.ingest.consent.SKEW_MS), plus slack.
+FAST_CLOCK_MS = 5 * 60 * 1000 + UNREADABLE_SLACK_MS
 
 
 def unreadable(now_ms: int) -> RecordedConsent:
@@ -67,24 +70,26 @@ def encode(state: RecordedConsent) -> bytes:
 def decode(raw: bytes | memoryview, *, now_ms: int) -> RecordedConsent:
     """The stored record; unreadable(now_ms) for bytes that are not one.
 
-    A time after `now_ms` was stamped by a clock that ran fast (decision times are
-    never after their receipt): it is read as UNREADABLE_SLACK_MS before now, or
-    the record would win over every decision until the real time caught up with
-    it, a later denial included (helper-108: a grant received during a day-fast
-    spell let identifies through after the visitor denied identity resolution).
+    A time further ahead of `now_ms` than a client's clock may be (FAST_CLOCK_MS,
+    spec 2.2's five minutes) was stamped while the server's clock ran fast: it is read
+    as UNREADABLE_SLACK_MS before now, or the record would win over every decision
+    until the real time caught up with it, a later denial included (helper-108: a
+    grant received during a day-fast spell let identifies through after the visitor
+    denied identity resolution). Times within it are a client's and stand (helper-111).
     """
     try:
         record = _decoder.decode(raw)
     except UNREADABLE_RECORD:
         return unreadable(now_ms)
-    if max(record.at_ms, record.identity_at_ms, record.sharing_at_ms) <= now_ms:
+    ahead = now_ms + FAST_CLOCK_MS
+    if max(record.at_ms, record.identity_at_ms, record.sharing_at_ms) <= ahead:
         return record
     past = max(0, now_ms - UNREADABLE_SLACK_MS)
     return msgspec.structs.replace(
         record,
-        at_ms=min(record.at_ms, past),
-        identity_at_ms=min(record.identity_at_ms, past),
-        sharing_at_ms=min(record.sharing_at_ms, past),
+        at_ms=record.at_ms if record.at_ms <= ahead else past,
+        identity_at_ms=record.identity_at_ms if record.identity_at_ms <= ahead else past,
+        sharing_at_ms=record.sharing_at_ms if record.sharing_at_ms <= ahead else past,
     )
 
 

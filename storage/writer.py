@@ -148,7 +148,7 @@ class GroupCommitWriter:
         self.storage = storage
         self.max_queue = max_queue
         self.max_group = max_group
-        self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         self._on_commit = on_commit
         self._queue: collections.deque[_Ticket] = collections.deque()
         self._cond = threading.Condition()
@@ -303,7 +303,7 @@ class GroupCommitWriter:
             # process committing): the jobs queued meanwhile join this group
             # instead of waiting for a transaction of their own.
             self._top_up(pending)
-            now_ms = self._clock_ms()
+            now_ms = self.clock_ms()
             ctx = WriteContext(
                 txn, self.storage, _read_next_seq(txn, self.storage), now_ms, feeding=at_commit is not None
             )

@@ -105,6 +105,7 @@ async def start_server(
     tenants: dict[str, object] | None = None,
     *,
     steady: Callable[[], float] | None = None,
+    clock: MovableClock | None = None,
     **overrides: object,
 ) -> RunningServer:
     data_dir = tmp_path / "data"
@@ -117,7 +118,7 @@ async def start_server(
     }
     flags.update(overrides)
     settings = load_settings(flags, environ={})
-    clock = MovableClock()
+    clock = clock or MovableClock()
     cancel = trio.CancelScope()
 
     async def run(task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:

@@ -77,8 +77,10 @@ class RateLimiter:
             state[1] = 0
             state[0] = window
         elif state[0] > window:
-            # The wall clock stepped back: the counts go with it (a new window there gave
-            # every key a fresh burst on each step back, helper-108).
+            # The wall clock stepped back: the counts go with it into the earlier minute (a
+            # new window there gave every key a fresh burst on each step back, helper-108).
+            # Not the bucket's own later minute: after a fast clock was put right, that
+            # minute would stand for as long as the step, every key locked out past its limit.
             state[0] = window
         current, previous = state[1], state[2]
         reset = (window + 1) * 60

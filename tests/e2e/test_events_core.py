@@ -13,7 +13,15 @@ import msgspec
 import trio
 
 from storage import idempotency
-from tests.conftest import BROWSER_KEY, MOBILE_KEY, RunningServer, click, pageview, start_server
+from tests.conftest import (
+    BROWSER_KEY,
+    MOBILE_KEY,
+    MovableClock,
+    RunningServer,
+    click,
+    pageview,
+    start_server,
+)
 from tests.helpers import outbox_dump, read_stored, rewrite_stored, run_cli
 
 H = {"X-API-Key": BROWSER_KEY, "Origin": "https://acme.com", "Content-Type": "application/json"}
@@ -928,3 +936,27 @@ async def test_a_wall_clock_jumping_days_ahead_for_a_minute_removes_nothing(
     assert (retry.json()["accepted"], retry.json()["duplicates"]) == (0, 2), retry.text
     assert retry.json()["receiptIds"] == first.json()["receiptIds"]
     assert [row["eid"] for row in await outbox_dump(server.data_dir)] == ["jump-1", "jump-2"]
+
+
+async def test_a_server_restarted_during_a_clock_jump_does_not_believe_it(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # helper-111: a worker killed during a jump was restarted believing it, and its sweep
+    # removed every stored event. A process starts from the anchor the sweep records.
+    settings = {"outbox_retention_hours": 1, "idempotency_window_hours": 24, "retention_interval_s": 0.2}
+    first = await start_server(nursery, tmp_path, steady=time.monotonic, **settings)
+    assert (await post(first, pageview("anchored"))).json()["accepted"] == 1
+    await trio.sleep(0.6)  # a sweep or two record the anchor
+    first.cancel.cancel()
+    await trio.sleep(0.5)  # (its storage closed)
+    (tmp_path / "again").mkdir()
+    jumped = MovableClock()
+    jumped.offset = 8 * 86_400  # from its very start
+    again = await start_server(nursery, tmp_path / "again", steady=time.monotonic, clock=jumped,
+                               data_dir=str(first.data_dir), **settings)
+    await trio.sleep(1.5)
+    metrics = (await again.client.get("/metrics")).text
+    assert 'collector_retention_removed_total{kind="outbox"} 0.0' in metrics, metrics
+    again.clock.offset = 0
+    retry = await post(again, pageview("anchored"))
+    assert (retry.json()["accepted"], retry.json()["duplicates"]) == (0, 1), retry.text

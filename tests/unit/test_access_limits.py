@@ -212,7 +212,7 @@ def test_a_wall_clock_stepped_back_gives_no_fresh_burst() -> None:
     assert not limiter.check("b", 1, 540.0).allowed  # a minute back: still spent
     assert not limiter.peek("b", 1, 0.0).remaining
     assert not limiter.check("b", 1, 0.0).allowed  # ten minutes back
-    # and time goes on from there as it would have
+    # and time goes on from there as it would have (not locked out for the step's length)
     assert sum(limiter.check("b", 1, 60.0).allowed for _ in range(130)) == 60
 
 

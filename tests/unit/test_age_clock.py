@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from storage.age_clock import SLACK_MS, TRUST_AFTER_S, AgeClock
+from storage.age_clock import SLACK_MS, TRUST_AFTER_S, AgeClock, decode_anchor, encode_anchor
 
 
 class Clocks:
@@ -50,3 +50,35 @@ def test_a_forward_step_is_believed_only_once_it_has_held(caplog: pytest.LogCapt
         assert age() == clocks.wall_ms  # it held for TRUST_AFTER_S
     said = [record.getMessage() for record in caplog.records]
     assert len(said) == 3 and "jumped 691200 s ahead" in said[0] and "believed from now on" in said[2], said
+
+
+def test_a_step_back_then_its_correction_is_believed() -> None:
+    # helper-111: the correction after a step back read as a jump ahead, and the writer
+    # lagged a day for ten minutes (records stamped a day early expired a day early)
+    clocks = Clocks()
+    age = AgeClock(lambda: clocks.wall_ms, lambda: clocks.steady_s)
+    age()
+    clocks.wall_ms -= 86_400_000
+    clocks.pass_s(1)
+    assert age() == clocks.wall_ms
+    clocks.wall_ms += 86_400_000
+    clocks.pass_s(1)
+    assert age() == clocks.wall_ms  # back where it was believed to be, plus the 2 s passed
+
+
+def test_a_new_process_starts_from_the_recorded_anchor_of_its_boot() -> None:
+    # helper-111: a worker restarted during a jump believed it at once, and its sweep
+    # removed every stored event
+    clocks = Clocks()
+    first = AgeClock(lambda: clocks.wall_ms, lambda: clocks.steady_s)
+    start = first()
+    clocks.pass_s(30)
+    anchor = first.anchor()
+    assert anchor == (start + 30_000, clocks.steady_s)
+    boot = b"6f1c2e8a-0000-4000-8000-000000000000"
+    recorded = encode_anchor(anchor, boot)
+    assert decode_anchor(recorded, b"another-boot") is None and decode_anchor(None, boot) is None
+    clocks.wall_ms += 8 * 86_400_000  # the jump; then the restart
+    clocks.pass_s(5)
+    restarted = AgeClock(lambda: clocks.wall_ms, lambda: clocks.steady_s, seed=decode_anchor(recorded, boot))
+    assert restarted() == start + 35_000

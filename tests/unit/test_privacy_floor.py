@@ -23,7 +23,7 @@ from storage import consent as consent_store
 from storage.admission import _identity_denied as admission_denies_identity
 from storage.consent import RecordedConsent
 
-NOW = 1_000_000  # after every decision time of these tests (a later one was stamped by a fast clock)
+NOW = 0  # (decision times up to five minutes ahead are a client's clock's)
 
 _decoder = msgspec.json.Decoder(AnyEvent)  # type: ignore[arg-type]
 
@@ -178,6 +178,12 @@ def test_a_stored_decision_dated_after_now_loses_to_a_later_one() -> None:
     # a decision older than the seconds between receipt and commit still loses to it
     older = consent_store.merged(RecordedConsent(now - 60_000, True, False, False, "old"), fast, now_ms=now)
     assert older is not None and older.identity_resolution is True and older.at_ms == now - 10_000
+    # a client's clock up to five minutes fast dates its own decisions: they stand
+    # (helper-111: an older grant arriving late beat a denial dated 20 s ahead)
+    ahead = consent_store.encode(RecordedConsent(now + 20_000, True, False, None, "deny"))
+    late = consent_store.merged(RecordedConsent(now + 5_000, True, True, None, "grant"), ahead, now_ms=now)
+    assert late is not None and late.identity_resolution is False
+    assert admission_denies_identity(ahead, None, now)
 
 
 @given(
