@@ -1,4 +1,4 @@
-"""The writer's clock: the wall clock, except that it does not follow a sudden step forward at once.
+"""The service's clock: the wall clock, except that it does not follow a sudden step forward at once.
 
 Every age the writer judges is wall-clock milliseconds against a record's own
 stamp: the outbox and replay retention, the idempotency window (a retry after
@@ -72,8 +72,9 @@ class AgeClock:
             if self._ahead_since is None:
                 self._ahead_since = steady
                 log.warning(
-                    "the wall clock jumped %.0f s ahead of the time that passed: ages (retention, the"
-                    " idempotency window) go on at real speed for %.0f s before it is believed",
+                    "the wall clock jumped %.0f s ahead of the time that passed: the service's time (receipt"
+                    " times, billing periods, retention, the idempotency window) goes on at real speed for"
+                    " %.0f s before it is believed",
                     (wall - expected) / 1000, TRUST_AFTER_S,
                 )
             if steady - self._ahead_since >= TRUST_AFTER_S:
