@@ -31,6 +31,7 @@ past that its connection is sent GOAWAY with ENHANCE_YOUR_CALM and closed.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 from typing import Any
 
@@ -40,7 +41,7 @@ import h2.events
 import h2.exceptions
 import hypercorn.protocol
 import trio
-from hypercorn.events import Closed
+from hypercorn.events import Closed, Updated
 from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.events import StreamClosed
 from hypercorn.protocol.h2 import H2Protocol
@@ -57,6 +58,21 @@ _rapid_reset = ThrottledLog(logging.getLogger("collector.http"), logging.WARNING
 # addresses are forgotten past RESET_ADDRESSES (a forgotten one starts afresh).
 _resets_left: dict[str, tuple[float, float]] = {}
 RESET_ADDRESSES = 4096
+
+
+def _reset_budget_of(client: tuple[str, int] | None) -> str:
+    """Whose allowance a reset spends: the client's address, an IPv6 one's /64 (one
+    host is given a whole /64 to pick addresses from: helper-110)."""
+    if client is None:
+        return "-"
+    address = client[0]
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if parsed.version == 6 and parsed.ipv4_mapped is None:
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return address
 
 
 def _may_reset(address: str) -> bool:
@@ -116,13 +132,11 @@ class CollectorH2Protocol(H2Protocol):
                 await self._flush()
             else:
                 await super()._handle_events([event])
-                if (
-                    isinstance(event, h2.events.StreamReset)
-                    and event.remote_reset
-                    and not _may_reset(self.client[0] if self.client else "-")
-                ):
-                    await self._calm_down()
-                    return
+                if isinstance(event, h2.events.StreamReset) and event.remote_reset:
+                    if not _may_reset(_reset_budget_of(self.client)):
+                        await self._calm_down()
+                        return
+                    await self._after_reset()
 
     async def _calm_down(self) -> None:
         _rapid_reset("HTTP/2 client %s reset streams faster than %d a second: its connection was closed",
@@ -152,12 +166,33 @@ class CollectorH2Protocol(H2Protocol):
 
     async def stream_send(self, event: StreamEvent) -> None:
         await super().stream_send(event)
-        if isinstance(event, StreamClosed) and self._going_away_after is not None and not self.streams:
-            # the last stream taken before GOAWAY is done: now the connection ends
-            with contextlib.suppress(h2.exceptions.ProtocolError):
-                self._send_goaway_and_close(last_stream_id=self._going_away_after)
-            await self._flush()
-            await self.send(Closed())
+        if isinstance(event, StreamClosed):
+            await self._close_once_gone_away()
+
+    async def _send_data(self, stream_id: int) -> None:
+        await super()._send_data(stream_id)
+        if stream_id not in self.stream_buffers:  # its answer ended (END_STREAM sent) or was dropped
+            await self._close_once_gone_away()
+
+    async def _close_once_gone_away(self) -> None:
+        """After GOAWAY, once the last stream taken is done, its answer sent to its end
+        (helper-110: closing when the route finished cut the last DATA and END_STREAM
+        still in hypercorn's send buffer), the connection ends."""
+        if self._going_away_after is None or self.streams or self.stream_buffers or self.closed:
+            return
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self._send_goaway_and_close(last_stream_id=self._going_away_after)
+        await self._flush()
+        await self.send(Closed())
+
+    async def _after_reset(self) -> None:
+        """A stream the client reset: hypercorn lets it go without saying the connection
+        may now be idle, and a connection whose last stream was reset was never closed,
+        by keep_alive_timeout or a drain (helper-110: open for 200 s and counting)."""
+        if self._going_away_after is not None:
+            await self._close_once_gone_away()
+        elif not self.streams:
+            await self.send(Updated(idle=True))
 
     def _drop_late_body(self, event: h2.events.DataReceived) -> None:
         connection = self.connection

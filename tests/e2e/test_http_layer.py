@@ -467,15 +467,26 @@ def _h2_posts_around_goaway(base_url: str, bodies: list[bytes], client_goaway_be
             conn.state_machine.state = h2.connection.ConnectionState.CLIENT_OPEN
         sock.sendall(conn.data_to_send())
         outcome: dict[str, Any] = {}
+        bodies: dict[int, bytes] = {}
+        ended: list[int] = []
         while data := sock.recv(65536):
             for event in conn.receive_data(data):
                 if isinstance(event, h2.events.ResponseReceived):
                     outcome[str(event.stream_id)] = dict(event.headers)[b":status"].decode()
                 elif isinstance(event, h2.events.StreamReset):
                     outcome[str(event.stream_id)] = event.error_code
+                elif isinstance(event, h2.events.DataReceived):
+                    bodies[event.stream_id] = bodies.get(event.stream_id, b"") + event.data
+                elif isinstance(event, h2.events.StreamEnded):
+                    ended.append(event.stream_id)
             with contextlib.suppress(BrokenPipeError):  # (window updates after the server closed)
                 sock.sendall(conn.data_to_send())
         outcome["goaway"] = goaways
+        # every answer whole: its body to the end, END_STREAM sent (helper-110: the last
+        # one's end was cut off when the connection closed)
+        answered = sorted(int(stream) for stream, status in outcome.items() if status == "202")
+        assert sorted(ended) == answered, (ended, answered)
+        assert all(json.loads(bodies[stream])["success"] for stream in answered)
         return outcome
 
 
@@ -552,6 +563,38 @@ async def test_an_http2_client_resetting_streams_as_fast_as_it_opens_them_is_cut
     await trio.sleep(1.2)  # (ten more a second)
     goaway, _ = await trio.to_thread.run_sync(_h2_rapid_reset, server.base_url, 5)
     assert goaway in (None, h2.errors.ErrorCodes.NO_ERROR)  # (closed idle after keep_alive_timeout)
+
+
+def _h2_reset_then_silent(base_url: str) -> float | None:
+    """Half a POST's body, RST_STREAM, then silence: seconds until the server closes
+    (None: still open after 10 s)."""
+    with h2_client(base_url, timeout=10) as (sock, conn):
+        conn.send_headers(1, [(":method", "POST"), (":path", "/v1/events"), (":authority", "x"), (":scheme", "http"),
+                              ("x-api-key", BROWSER_KEY), ("origin", "https://acme.com"), ("content-length", "100")])
+        conn.send_data(1, b"x" * 20)
+        sock.sendall(conn.data_to_send())
+        time.sleep(0.3)  # (its route is waiting for the rest of the body)
+        conn.reset_stream(1, h2.errors.ErrorCodes.CANCEL)
+        sock.sendall(conn.data_to_send())
+        started = time.monotonic()
+        try:
+            while sock.recv(65536):
+                pass
+        except TimeoutError:
+            return None
+        except ConnectionResetError:
+            pass
+        return time.monotonic() - started
+
+
+async def test_an_http2_connection_whose_last_stream_was_reset_is_closed_when_idle(
+    nursery: trio.Nursery, tmp_path: Path, fresh_reset_allowances: None
+) -> None:
+    # helper-110: hypercorn let a reset stream go without saying the connection was
+    # idle: it stayed open past keep_alive_timeout (200 s and counting), and held a drain.
+    server = await start_server(nursery, tmp_path, keep_alive_timeout=1, read_timeout=30, request_timeout=60)
+    closed_after = await trio.to_thread.run_sync(_h2_reset_then_silent, server.base_url)
+    assert closed_after is not None and closed_after < 4, closed_after
 
 
 async def test_an_http2_client_that_stalls_is_cut_at_the_read_timeout(
