@@ -23,9 +23,11 @@ after it anyway is refused (REFUSED_STREAM: not processed, safe to retry).
 A client that resets its streams as fast as it opens them ("rapid reset",
 CVE-2023-44487) made the server start and cancel a route for each: one
 connection kept a core busy (49,600 streams in 3 s took 3.4 s of CPU). A client
-address may reset RESETS_BURST streams, and RESETS_PER_S more each second, over
-all its connections (a new connection starts with what the last one left);
-past that its connection is sent GOAWAY with ENHANCE_YOUR_CALM and closed.
+address (an IPv6 one's /64) may reset RESETS_BURST streams, and RESETS_PER_S more
+each second, over all its connections to this process (a new connection starts
+with what the last one left); past that its connection is sent GOAWAY with
+ENHANCE_YOUR_CALM and closed. A connection whose last stream was reset is idle
+(hypercorn did not say so, and it was never closed).
 """
 
 from __future__ import annotations
