@@ -32,6 +32,7 @@ from collector import systemd
 from collector.access.keycache import KeyCache
 from collector.demo import DEMO_KEYS, DEMO_TENANTS
 from collector.fieldkeys import key_file_path, serving_sealer, settle_key_file
+from collector.http import h2_protocol
 from collector.http.access_log import flush_periodically as flush_access_log
 from collector.http.asgi import Receive, Scope, Send, send_response
 from collector.http.client_address import TrustedProxies
@@ -414,6 +415,8 @@ async def serve(
         if settings.workers <= 1:  # (with --workers N the parent did it once: collector/workers.py)
             await trio.to_thread.run_sync(prepare_data_dir, storage, settings, int(clock() * 1000))
         services = build_services(settings, storage, clock, worker_index=worker_index, steady=steady)
+        # a trusted proxy's resets are its clients' (no reset budget of its own, as no connection cap)
+        h2_protocol.exempt_peers = services.proxies.trusted if services.proxies else h2_protocol.no_peer
         app = build_asgi(services)
         async with trio.open_nursery() as outer:
             await outer.start(services.writer.run)

@@ -63,7 +63,7 @@ def log_request(
             "logger": "collector.access",
             "msg": "request",
             **process_fields(),
-            "method": request.method,
+            "method": _loggable_method(request.method),
             "route": route,
             "status": status,
             "error": error_code,
@@ -82,6 +82,13 @@ def log_request(
 
 # (with DEL and the Unicode line breaks, which readers splitting lines as str.splitlines does cut at)
 _C1_CONTROLS = {code: "\ufffd" for code in (0x7F, *range(0x80, 0xA0), 0x2028, 0x2029)}
+
+
+def _loggable_method(method: str) -> str:
+    """The method as a log line may hold it: at most 32 characters, without C1 controls
+    (h11 takes a method of any length, and HTTP/2 any characters: helper-113's
+    6,000-character method made a 6 KiB line, torn under --workers)."""
+    return method if len(method) <= 16 and method.isalpha() else method[:32].translate(_C1_CONTROLS)
 
 
 def _loggable_id(request_id: str) -> str:

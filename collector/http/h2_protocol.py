@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import h2.connection
@@ -42,8 +43,9 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import hypercorn.protocol
+import priority
 import trio
-from hypercorn.events import Closed, Updated
+from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.events import StreamClosed
 from hypercorn.protocol.h2 import H2Protocol
@@ -77,6 +79,19 @@ def _reset_budget_of(client: tuple[str, int] | None) -> str:
     return address
 
 
+# Peers that carry many clients (trusted_proxies; set by serve): their resets are their
+# clients', and one budget for all of them cut every client's connection (helper-113).
+def no_peer(address: str) -> bool:
+    return False
+
+
+exempt_peers: Callable[[str], bool] = no_peer
+
+
+def _exempt(client: tuple[str, int] | None) -> bool:
+    return client is not None and exempt_peers(client[0])
+
+
 def _may_reset(address: str) -> bool:
     """Whether a client's stream reset fits its allowance (a token bucket per address)."""
     now = trio.current_time()
@@ -91,6 +106,7 @@ def _may_reset(address: str) -> bool:
 class CollectorH2Protocol(H2Protocol):
     # The last stream id processed once either side sent GOAWAY (None: neither did).
     _going_away_after: int | None = None
+    _gone = False  # the final GOAWAY went out: the connection is closing
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -135,10 +151,10 @@ class CollectorH2Protocol(H2Protocol):
             else:
                 await super()._handle_events([event])
                 if isinstance(event, h2.events.StreamReset) and event.remote_reset:
-                    if not _may_reset(_reset_budget_of(self.client)):
+                    if not _exempt(self.client) and not _may_reset(_reset_budget_of(self.client)):
                         await self._calm_down()
                         return
-                    await self._after_reset()
+                    await self._after_reset(event.stream_id)
 
     async def _calm_down(self) -> None:
         _rapid_reset("HTTP/2 client %s reset streams faster than %d a second: its connection was closed",
@@ -180,20 +196,31 @@ class CollectorH2Protocol(H2Protocol):
         """After GOAWAY, once the last stream taken is done, its answer sent to its end
         (helper-110: closing when the route finished cut the last DATA and END_STREAM
         still in hypercorn's send buffer), the connection ends."""
-        if self._going_away_after is None or self.streams or self.stream_buffers or self.closed:
+        if self._going_away_after is None or self.streams or self.stream_buffers or self._gone:
             return
+        self._gone = True  # what still arrives is not read (h2 would answer it with a PROTOCOL_ERROR)
         with contextlib.suppress(h2.exceptions.ProtocolError):
             self._send_goaway_and_close(last_stream_id=self._going_away_after)
         await self._flush()
         await self.send(Closed())
 
-    async def _after_reset(self) -> None:
-        """A stream the client reset: hypercorn lets it go without saying the connection
-        may now be idle, and a connection whose last stream was reset was never closed,
-        by keep_alive_timeout or a drain (helper-110: open for 200 s and counting)."""
-        if self._going_away_after is not None:
-            await self._close_once_gone_away()
-        elif not self.streams:
+    async def handle(self, event: Event) -> None:
+        if isinstance(event, RawData) and self._gone:
+            return  # (helper-113: a WINDOW_UPDATE read before the close drew GOAWAY PROTOCOL_ERROR)
+        await super().handle(event)
+
+    async def _after_reset(self, stream_id: int) -> None:
+        """A stream the client reset. hypercorn keeps its send buffer, and a route waiting
+        for its answer to drain, for ever: the connection was never idle nor closed after
+        GOAWAY, and held a drain for its whole graceful_timeout (helpers 110, 113). The
+        buffer is closed, which lets the route go, and the send task drops it."""
+        buffer = self.stream_buffers.get(stream_id)
+        if buffer is not None:
+            await buffer.close()
+            with contextlib.suppress(priority.MissingStreamError):
+                self.priority.unblock(stream_id)
+            await self.has_data.set()  # (ending a reset stream fails: the send task lets it go)
+        if not self.streams:
             await self.send(Updated(idle=True))
 
     def _drop_late_body(self, event: h2.events.DataReceived) -> None:

@@ -597,6 +597,64 @@ async def test_an_http2_connection_whose_last_stream_was_reset_is_closed_when_id
     assert closed_after is not None and closed_after < 4, closed_after
 
 
+def _h2_reset_after(base_url: str, how: str) -> float | None:
+    """`goaway`: a POST's headers, the client's GOAWAY, then RST_STREAM; `answering`: a
+    GET /metrics whose answer a 100-byte window holds back, reset once it began. Seconds
+    until the server closes (None: still open after 10 s)."""
+    settings = {h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 100} if how == "answering" else {}
+    with h2_client(base_url, timeout=10, settings=settings) as (sock, conn):
+        goaways: list[int] = []
+        conn._frame_dispatch_table[GoAwayFrame] = lambda frame: (goaways.append(frame.error_code), ([], []))[1]
+        head = [(":authority", "x"), (":scheme", "http")]
+        if how == "goaway":
+            conn.send_headers(1, [(":method", "POST"), (":path", "/v1/events"), *head, ("x-api-key", BROWSER_KEY),
+                                  ("origin", "https://acme.com"), ("content-length", "100")])
+            sock.sendall(conn.data_to_send())
+            time.sleep(0.3)  # (its route is waiting for the body)
+            conn.close_connection()
+            conn.state_machine.state = h2.connection.ConnectionState.CLIENT_OPEN
+        else:
+            conn.send_headers(1, [(":method", "GET"), (":path", "/metrics"), *head], end_stream=True)
+            sock.sendall(conn.data_to_send())
+            while not any(isinstance(e, h2.events.DataReceived) for e in conn.receive_data(sock.recv(65536))):
+                pass
+        conn.reset_stream(1, h2.errors.ErrorCodes.CANCEL)
+        sock.sendall(conn.data_to_send())
+        started = time.monotonic()
+        try:
+            while data := sock.recv(65536):
+                conn.receive_data(data)
+        except TimeoutError:
+            return None
+        except ConnectionResetError:
+            pass
+        assert h2.errors.ErrorCodes.PROTOCOL_ERROR not in goaways, goaways
+        return time.monotonic() - started
+
+
+async def test_an_http2_stream_reset_once_its_answer_began_or_after_goaway_holds_nothing_open(
+    nursery: trio.Nursery, tmp_path: Path, fresh_reset_allowances: None
+) -> None:
+    # helper-113: hypercorn kept a reset stream's send buffer for ever. After a GOAWAY the
+    # connection then never closed; a stream reset once its answer began held its route,
+    # and a SIGTERM drain for the whole graceful_timeout.
+    server = await start_server(nursery, tmp_path, keep_alive_timeout=1, read_timeout=30, request_timeout=60)
+    after_goaway = await trio.to_thread.run_sync(_h2_reset_after, server.base_url, "goaway")
+    assert after_goaway is not None and after_goaway < 0.5, after_goaway  # (closed at once, not when idle)
+    answering = await trio.to_thread.run_sync(_h2_reset_after, server.base_url, "answering")
+    assert answering is not None and answering < 4, answering
+
+
+async def test_a_trusted_proxy_has_no_reset_allowance_of_its_own(
+    nursery: trio.Nursery, tmp_path: Path, fresh_reset_allowances: None
+) -> None:
+    # helper-113: behind an HTTP/2 load balancer, its visitors' cancellations were counted
+    # as one client's, and every visitor's connection was cut.
+    server = await start_server(nursery, tmp_path, keep_alive_timeout=1, trusted_proxies=["127.0.0.1/32"])
+    goaway, _ = await trio.to_thread.run_sync(_h2_rapid_reset, server.base_url, 150)
+    assert goaway in (None, h2.errors.ErrorCodes.NO_ERROR)
+
+
 async def test_an_http2_client_that_stalls_is_cut_at_the_read_timeout(
     nursery: trio.Nursery, tmp_path: Path, access_lines: Callable[[], list[dict[str, Any]]]
 ) -> None:

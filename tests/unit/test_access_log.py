@@ -82,3 +82,11 @@ async def test_a_request_refused_as_the_server_closes_is_logged(
     assert b"Retry-After" in headers[b"access-control-expose-headers"]
     # and counted, as every request answered (it was logged only)
     assert b'collector_requests_total{route="shutdown",status="503"} 1.0' in metrics.render()
+
+
+def test_the_method_is_logged_short_and_without_c1_controls() -> None:
+    # helper-113: h11 takes a method of any length and HTTP/2 any characters: a
+    # 6,000-character method made a 6 KiB access line, torn under --workers
+    assert access_log._loggable_method("POST") == "POST"
+    assert access_log._loggable_method("A" * 6000) == "A" * 32
+    assert access_log._loggable_method("G\x7fT\x9b") == "G\ufffdT\ufffd"
