@@ -189,10 +189,10 @@ def build_services(
         # one request-rate partition per worker process (see collector/limits/buckets.py)
         limiter=RateLimiter(partitions=settings.workers),
         metrics=metrics,
-        # Receipt times, billing periods, signature windows and rate windows follow the
-        # same guarded clock as the writer (a minute of a clock eight days fast billed
-        # that minute's events to the next month: helper-111).
-        clock=lambda: age_clock() / 1000,
+        # (receipt times, billing periods, signature and rate windows: the wall clock. On the
+        # guarded one, each worker's own ten minutes of distrust split billing periods and
+        # re-dated consent decisions between workers: helper-112)
+        clock=clock,
         worker_index=worker_index,
         workers=settings.workers,
     )

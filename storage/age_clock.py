@@ -1,4 +1,4 @@
-"""The service's clock: the wall clock, except that it does not follow a sudden step forward at once.
+"""The writer's clock: the wall clock, except that it does not follow a sudden step at once.
 
 Every age the writer judges is wall-clock milliseconds against a record's own
 stamp: the outbox and replay retention, the idempotency window (a retry after
@@ -6,23 +6,25 @@ it is a new event). One minute of a clock set days ahead (a bad NTP answer,
 a VM restored from a snapshot, a machine booting without a real-time clock
 that then corrects itself) made the retention sweep remove a week of stored
 events and their idempotency records, and their retries were then stored and
-billed again (helper-108).
+billed again (helper-108). Records stamped during a step back looked that much
+older once it was corrected, and their retries were stored again (helper-112).
 
 So the wall clock is believed while it keeps pace with the monotonic clock
-(within SLACK_MS) or steps back (ages only shrink then: nothing is removed
-early), and when it comes back up to a time it was believed to have reached
-(a step back corrected: helper-111). When it runs further ahead than the time
-that has really passed, the writer goes on at real speed from the latest time
-it believed, until the wall clock has stayed ahead for TRUST_AFTER_S: a
-correction that holds (a clock that was slow and was put right) is then
-believed. A forward step therefore removes nothing for TRUST_AFTER_S.
+(within SLACK_MS). When it steps away from the time that has really passed,
+ahead or back, the writer goes on at real speed from the last time it
+believed, until the wall clock has stayed away for TRUST_AFTER_S: a correction
+that holds (a clock that was wrong and was put right) is then believed. A step
+that is undone within that time (the usual glitch) is never seen in a stamp.
 
 A new process (a restarted worker, serve restarted by systemd) starts from the
 anchor the retention sweep records in `meta` (the time believed, against the
 monotonic clock, which every process of one boot shares), so a restart during
-a jump does not believe it at once (helper-111: a worker killed during one
-removed everything). After a reboot the anchor says nothing, and the wall clock
-is believed as the process finds it.
+a step does not believe it at once (helper-111). After a reboot the anchor says
+nothing, and the wall clock is believed as the process finds it.
+
+Receipt times, billing periods and signature windows stay on the wall clock:
+each process has its own ten minutes of distrust, and workers disagreeing about
+them split a request's billing period by the worker that answered (helper-112).
 """
 
 from __future__ import annotations
@@ -54,51 +56,43 @@ class AgeClock:
         self._wall_ms = wall_ms
         self._steady_s = steady_s
         self._believed: Reading | None = seed  # the last reading believed
-        self._high: Reading | None = seed  # the reading believed that projects furthest
-        self._ahead_since: float | None = None  # steady s when the wall clock was first found ahead
+        self._away_since: float | None = None  # steady s when the wall clock was first found away
         self._lock = threading.Lock()  # (the writer thread reads it; so may the sweep's anchor)
 
     def __call__(self) -> int:
         wall, steady = self._wall_ms(), self._steady_s()
         with self._lock:
             if self._believed is None:
-                self._believe(wall, steady)
+                self._believed = (wall, steady)
                 return wall
-            expected = self._expected(steady)
-            if wall <= expected + SLACK_MS:
-                self._ahead_since = None
-                self._believe(wall, steady)
+            expected = _projected(self._believed, steady)
+            if abs(wall - expected) <= SLACK_MS:
+                self._away_since = None
+                self._believed = (wall, steady)
                 return wall
-            if self._ahead_since is None:
-                self._ahead_since = steady
+            if self._away_since is None:
+                self._away_since = steady
                 log.warning(
-                    "the wall clock jumped %.0f s ahead of the time that passed: the service's time (receipt"
-                    " times, billing periods, retention, the idempotency window) goes on at real speed for"
-                    " %.0f s before it is believed",
+                    "the wall clock stepped %+.0f s away from the time that passed: the writer's stamps and"
+                    " ages (retention, the idempotency window) go on at real speed for %.0f s before it is"
+                    " believed",
                     (wall - expected) / 1000, TRUST_AFTER_S,
                 )
-            if steady - self._ahead_since >= TRUST_AFTER_S:
-                log.warning("the wall clock stayed ahead for %.0f s: it is believed from now on", TRUST_AFTER_S)
-                self._ahead_since = None
-                self._believed = self._high = (wall, steady)
+            if steady - self._away_since >= TRUST_AFTER_S:
+                log.warning("the wall clock stayed where it stepped for %.0f s: it is believed from now on",
+                            TRUST_AFTER_S)
+                self._away_since = None
+                self._believed = (wall, steady)
                 return wall
             return expected
 
     def anchor(self) -> Reading | None:
-        """The furthest time believed, as of now on the steady clock (None before a reading)."""
+        """The time believed, as of now on the steady clock (None before a reading)."""
         with self._lock:
             if self._believed is None:
                 return None
             steady = self._steady_s()
-            return self._expected(steady), steady
-
-    def _expected(self, steady: float) -> int:
-        return max(_projected(reading, steady) for reading in (self._believed, self._high) if reading is not None)
-
-    def _believe(self, wall: int, steady: float) -> None:
-        self._believed = (wall, steady)
-        if self._high is None or wall >= _projected(self._high, steady):
-            self._high = (wall, steady)
+            return _projected(self._believed, steady), steady
 
 
 def _projected(reading: Reading, steady: float) -> int:

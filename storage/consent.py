@@ -72,10 +72,12 @@ def decode(raw: bytes | memoryview, *, now_ms: int) -> RecordedConsent:
 
     A time further ahead of `now_ms` than a client's clock may be (FAST_CLOCK_MS,
     spec 2.2's five minutes) was stamped while the server's clock ran fast: it is read
-    as UNREADABLE_SLACK_MS before now, or the record would win over every decision
-    until the real time caught up with it, a later denial included (helper-108: a
-    grant received during a day-fast spell let identifies through after the visitor
-    denied identity resolution). Times within it are a client's and stand (helper-111).
+    as FAST_CLOCK_MS before now, or the record would win over every decision until
+    the real time caught up with it, a later denial included (helper-108: a grant
+    received during a day-fast spell let identifies through after the visitor denied
+    identity resolution). So decisions dated in the last five minutes (an SDK's
+    batching delay) win over it, a queue older than that does not (helper-112: at 10 s
+    a batched denial 20 s old lost). Times within it are a client's and stand (helper-111).
     """
     try:
         record = _decoder.decode(raw)
@@ -84,7 +86,7 @@ def decode(raw: bytes | memoryview, *, now_ms: int) -> RecordedConsent:
     ahead = now_ms + FAST_CLOCK_MS
     if max(record.at_ms, record.identity_at_ms, record.sharing_at_ms) <= ahead:
         return record
-    past = max(0, now_ms - UNREADABLE_SLACK_MS)
+    past = max(0, now_ms - FAST_CLOCK_MS)
     return msgspec.structs.replace(
         record,
         at_ms=record.at_ms if record.at_ms <= ahead else past,

@@ -72,15 +72,9 @@ class RateLimiter:
             if len(shard) >= self._sweep_above:
                 self._evict(shard, window)
             state = shard[bucket_id] = [window, 0, 0]
-        elif state[0] < window:
+        elif state[0] != window:
             state[2] = state[1] if state[0] == window - 1 else 0
             state[1] = 0
-            state[0] = window
-        elif state[0] > window:
-            # The wall clock stepped back: the counts go with it into the earlier minute (a
-            # new window there gave every key a fresh burst on each step back, helper-108).
-            # Not the bucket's own later minute: after a fast clock was put right, that
-            # minute would stand for as long as the step, every key locked out past its limit.
             state[0] = window
         current, previous = state[1], state[2]
         reset = (window + 1) * 60
@@ -101,7 +95,7 @@ class RateLimiter:
         window = int(now // 60)
         state = self._shards[xxhash.xxh3_64_intdigest(bucket_id.encode()) % len(self._shards)].get(bucket_id)
         current = previous = 0
-        if state is not None and state[0] >= window:  # (> : the clock stepped back, as in check)
+        if state is not None and state[0] == window:
             current, previous = state[1], state[2]
         elif state is not None and state[0] == window - 1:
             previous = state[1]

@@ -175,9 +175,12 @@ def test_a_stored_decision_dated_after_now_loses_to_a_later_one() -> None:
     later = consent_store.merged(RecordedConsent(now - 1000, True, False, False, "deny"), fast, now_ms=now)
     assert later is not None and (later.identity_resolution, later.third_party_sharing) == (False, False)
     assert admission_denies_identity(fast, (now - 1000, False), now)
-    # a decision older than the seconds between receipt and commit still loses to it
-    older = consent_store.merged(RecordedConsent(now - 60_000, True, False, False, "old"), fast, now_ms=now)
-    assert older is not None and older.identity_resolution is True and older.at_ms == now - 10_000
+    # a decision batched a minute ago wins too (helper-112: at 10 s it lost), one queued
+    # for longer than a client's clock may be off (5 minutes) does not
+    batched = consent_store.merged(RecordedConsent(now - 60_000, True, False, False, "batched"), fast, now_ms=now)
+    assert batched is not None and batched.identity_resolution is False
+    older = consent_store.merged(RecordedConsent(now - 600_000, True, False, False, "old"), fast, now_ms=now)
+    assert older is not None and older.identity_resolution is True and older.at_ms == now - 310_000
     # a client's clock up to five minutes fast dates its own decisions: they stand
     # (helper-111: an older grant arriving late beat a denial dated 20 s ahead)
     ahead = consent_store.encode(RecordedConsent(now + 20_000, True, False, None, "deny"))
