@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import msgspec
 import trio
 
 from collector.access.hostnames import utf8_header
-from collector.http.asgi import Request
+from collector.errors import ServiceError
+from collector.http.asgi import Receive, Request, Send, send_refusal
 from collector.ingest.payment import text_has_card
 from collector.log_sink import stderr_sink
 from collector.logs import process_fields
+
+if TYPE_CHECKING:
+    from collector.services import Services
 
 access = logging.getLogger("collector.access")
 
@@ -78,6 +83,42 @@ def log_request(
     _pending.append(line)
     if len(_pending) >= MAX_LINES or perf_now - _first_pending_at >= MAX_DELAY_S:
         flush()
+
+
+def record_request(
+    services: Services,
+    request: Request,
+    route: str,
+    status: int,
+    error_code: str | None,
+    client_id: str | None,
+    started: float,
+) -> None:
+    """Count the request in collector_requests_total and write its access line (when on)."""
+    services.metrics.count_request(route, status)
+    if services.settings.access_log:
+        log_request(request, route, status, error_code, client_id, started)
+
+
+async def refuse_and_record(
+    services: Services,
+    request: Request,
+    receive: Receive,
+    send: Send,
+    error: ServiceError,
+    headers: list[tuple[str, str]],
+    route: str,
+    started: float,
+) -> None:
+    """send_refusal, counted and logged as what its client got: the parser's answer, or
+    none, when its body broke or it left first (helper-104), and the refusal otherwise,
+    also when it was cut off while sent."""
+    status, code = error.status, error.code
+    try:
+        if (left := await send_refusal(request, receive, send, error, headers)) is not None:
+            status, code = left.answered
+    finally:
+        record_request(services, request, route, status, code, None, started)
 
 
 # (with DEL and the Unicode line breaks, which readers splitting lines as str.splitlines does cut at)

@@ -18,14 +18,13 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from collector.errors import ServiceError
-from collector.http.access_log import log_request
+from collector.http.access_log import log_request, refuse_and_record
 from collector.http.asgi import (
     JSON_CONTENT_TYPE,
     Receive,
     Request,
     Scope,
     Send,
-    send_refusal,
     send_response,
 )
 from collector.services import Services
@@ -125,15 +124,8 @@ def _route(
                 headers={"Allow": "GET, HEAD"},
             )
         if error is not None:
-            status, code = error.status, error.code
-            try:
-                if (left := await send_refusal(request, receive, send, error,
-                                               [("X-Request-ID", request.request_id)])) is not None:
-                    status, code = left.answered  # (what its client got instead: helper-104)
-            finally:
-                services.metrics.count_request(path, status)
-                if services.settings.access_log:
-                    log_request(request, path, status, code, None, started)
+            await refuse_and_record(services, request, receive, send, error,
+                                    [("X-Request-ID", request.request_id)], path, started)
             return
         status, body, headers = await answer()
         headers.append(("X-Request-ID", request.request_id))

@@ -16,8 +16,8 @@ import h11
 from quart_trio import QuartTrio
 
 from collector.errors import ServiceError, render_error
-from collector.http.access_log import log_request
-from collector.http.asgi import Receive, Request, Scope, Send, send_refusal
+from collector.http.access_log import record_request, refuse_and_record
+from collector.http.asgi import Receive, Request, Scope, Send
 from collector.http.headers import cors_headers
 from collector.services import Services
 
@@ -85,14 +85,7 @@ class Router:
         request = Request(scope)
         # CORS as on every route, so a page's script can read why it was refused
         headers = [("X-Request-ID", request.request_id), *cors_headers(request.headers.get("origin"))]
-        status, code = error.status, error.code
-        try:
-            if (left := await send_refusal(request, receive, send, error, headers)) is not None:
-                status, code = left.answered  # (what its client got instead: helper-104)
-        finally:
-            self.services.metrics.count_request("unmatched", status)
-            if self.services.settings.access_log:
-                log_request(request, "unmatched", status, code, None, started)
+        await refuse_and_record(self.services, request, receive, send, error, headers, "unmatched", started)
 
     async def _refuse_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """No WebSocket route is served yet: refuse the handshake in the spec's error format.
@@ -128,6 +121,4 @@ class Router:
             # hypercorn, an ERROR traceback each time, and was logged as the 404 never sent)
             status, code = 400, "bad_request"
         finally:  # (a client gone mid-answer is still a request that was refused)
-            self.services.metrics.count_request("unmatched", status)
-            if self.services.settings.access_log:
-                log_request(request, "unmatched", status, code, None, started)
+            record_request(self.services, request, "unmatched", status, code, None, started)

@@ -24,7 +24,7 @@ from collector.access.gate import resolve_key
 from collector.access.hostnames import utf8_header
 from collector.access.tenants import KeyRecord, Site
 from collector.errors import RawErrorBody, ServiceError, render_error
-from collector.http.access_log import log_request
+from collector.http.access_log import log_request, record_request
 from collector.http.asgi import (
     BodyTracker,
     ClientGone,
@@ -212,9 +212,7 @@ def make_write_handler(
                 await send_response(
                     send, 204, b"", [("X-Request-ID", request.request_id), *preflight_headers(origin)]
                 )
-                services.metrics.count_request(route, 204)
-                if access_log:
-                    log_request(request, route, 204, None, None, started)
+                record_request(services, request, route, 204, None, None, started)
                 return
             if request.method != method:
                 raise ServiceError(
@@ -233,7 +231,7 @@ def make_write_handler(
         except RawErrorBody as raw:
             status, answer, error_code = raw.status, _encoder.encode(raw.body), "content_type"
         except ClientGone as gone:
-            _log_gone(services, request, route, gone, seen.client_id, started)
+            record_request(services, request, route, *gone.answered, seen.client_id, started)
             return
         except (WriterBusy, StorageError) as exc:
             # The access line says 503 storage_unavailable; this says why.
@@ -248,9 +246,7 @@ def make_write_handler(
             # server stopping at the drain's deadline (503, helper-102).
             stopping = services.drain_deadline is not None and trio.current_time() >= services.drain_deadline
             status, code = (503, "service_unavailable") if stopping else (499, "client_closed")
-            services.metrics.count_request(route, status)
-            if access_log:
-                log_request(request, route, status, code, seen.client_id, started)
+            record_request(services, request, route, status, code, seen.client_id, started)
             raise
         except Exception:
             log.exception("unexpected error on %s", route)
@@ -262,7 +258,7 @@ def make_write_handler(
             # A refusal made before the body was read, whose client then left or whose
             # body framing broke: the parser's answer (or none) is what it got, and what
             # is logged (helper-104: the refusal's own status was).
-            _log_gone(services, request, route, left, seen.client_id, started)
+            record_request(services, request, route, *left.answered, seen.client_id, started)
             return
         services.metrics.count_request(route, status)
         try:
@@ -273,11 +269,3 @@ def make_write_handler(
 
     return handle
 
-
-def _log_gone(
-    services: Services, request: Request, route: str, gone: ClientGone, client_id: str | None, started: float
-) -> None:
-    status, code = gone.answered
-    services.metrics.count_request(route, status)
-    if services.settings.access_log:
-        log_request(request, route, status, code, client_id, started)
