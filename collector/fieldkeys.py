@@ -160,25 +160,20 @@ def refuse_a_lost_key_file(storage: Storage, path: Path) -> None:
         return
     if not path.exists():
         problem = "is missing"
-    elif lacking := sorted(set(recorded) - set(_read(path).keys)):
+    elif lacking := sorted(set(recorded) - set((content := _read(path)).keys)):
         problem = f"lacks key {', '.join(lacking)}"
-    elif _is_valid(path) and (other := _other_keys(storage, path)):
-        problem = f"holds another key under {', '.join(other)} (another installation's file?)"
     else:
-        return
+        # A file that is not valid is named as such first (a key that is not base64 was
+        # reported as "another key": helper-104 went looking for another installation's file).
+        _sealer(content, path)
+        if not (other := _other_keys(storage, path)):
+            return
+        problem = f"holds another key under {', '.join(other)} (another installation's file?)"
     raise KeyFileError(
         f"field key file {path} {problem}, but this data directory records sealing with"
         f" key {', '.join(recorded)}: put the right file back (`collector backup --with-field-keys`"
         " copies it). Nothing was changed"
     )
-
-
-def _is_valid(path: Path) -> bool:
-    """True, or KeyFileError naming what is wrong with the file (a key that is not valid
-    base64 was reported as "another key": helper-104 went looking for another
-    installation's file)."""
-    _sealer(_read(path), path)
-    return True
 
 
 def _other_keys(storage: Storage, path: Path) -> list[str]:

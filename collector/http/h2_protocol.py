@@ -159,8 +159,14 @@ class CollectorH2Protocol(H2Protocol):
     async def _calm_down(self) -> None:
         _rapid_reset("HTTP/2 client %s reset streams faster than %d a second: its connection was closed",
                      self.client[0] if self.client else "-", RESETS_PER_S, cause="rapid reset")
+        await self._end_with_goaway(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+
+    async def _end_with_goaway(self, error_code: int, last_stream_id: int | None = None) -> None:
+        """A final GOAWAY, then the connection closes; what still arrives is not read
+        (h2 would answer it with a PROTOCOL_ERROR: helper-113)."""
+        self._gone = True
         with contextlib.suppress(h2.exceptions.ProtocolError):
-            self.connection.close_connection(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+            self._send_goaway_and_close(error_code, None, last_stream_id)
         await self._flush()
         await self.send(Closed())
 
@@ -198,11 +204,7 @@ class CollectorH2Protocol(H2Protocol):
         still in hypercorn's send buffer), the connection ends."""
         if self._going_away_after is None or self.streams or self.stream_buffers or self._gone:
             return
-        self._gone = True  # what still arrives is not read (h2 would answer it with a PROTOCOL_ERROR)
-        with contextlib.suppress(h2.exceptions.ProtocolError):
-            self._send_goaway_and_close(last_stream_id=self._going_away_after)
-        await self._flush()
-        await self.send(Closed())
+        await self._end_with_goaway(h2.errors.ErrorCodes.NO_ERROR, self._going_away_after)
 
     async def handle(self, event: Event) -> None:
         if isinstance(event, RawData) and self._gone:
