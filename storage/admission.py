@@ -164,7 +164,6 @@ class Admission:
         "account",
         "period",
         "candidates",
-        "window_ms",
         "budget",
         "units",
         "included",
@@ -179,7 +178,6 @@ class Admission:
         account: str,
         period: str,
         candidates: Sequence[Candidate],
-        window_ms: int,
         budget: Budget,
         units: Sequence[str],
         included: dict[str, int] | None = None,
@@ -190,7 +188,6 @@ class Admission:
         self.account = account
         self.period = period
         self.candidates = candidates
-        self.window_ms = window_ms
         self.budget = budget
         self.units = units  # every unit kind the budget looks at
         # Under paid overage, each unit's included amount: units admitted beyond
@@ -230,12 +227,12 @@ class Admission:
                     raise JobRefused(Conflict(cand.eid, index))
                 duplicate[index] = True
                 continue
-            record = None
-            if known:
-                raw = known.get(key)
-                record = _readable_ledger(raw, key) if raw is not None else None
-                if record is not None and not idempotency.live(record, now_ms, self.window_ms):
-                    record = None
+            # A record still present is live, however old its stamp: only the retention
+            # sweep (worker 0's clock) forgets an id. Each worker's writer clock has its
+            # own guard against clock steps, and a worker that judged expiry itself could
+            # store again a retry that another worker had just called a duplicate.
+            raw = known.get(key) if known else None
+            record = _readable_ledger(raw, key) if raw is not None else None
             if record is not None and _same_content(record, cand):
                 # An exact replay is a duplicate (spec 4.1 rule 4), even of an
                 # identify stored before its visitor denied identity resolution.

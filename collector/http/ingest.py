@@ -275,7 +275,6 @@ async def _admit(
         account=policy.account,
         period=period,
         candidates=_candidates(client_id, site_id, prepared.accepted),
-        window_ms=services.settings.idempotency_window_ms,
         budget=budget,
         units=UNITS,
         included=(

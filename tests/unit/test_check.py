@@ -69,7 +69,6 @@ def admit(
         account=account or client,
         period=_period(received),
         candidates=candidates,
-        window_ms=7 * DAY,
         budget=lambda used, added: None,
         units=UNITS,
     )

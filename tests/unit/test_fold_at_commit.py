@@ -36,7 +36,7 @@ def _job(events: list[Event], *, key_type: str = "browser") -> Admission:
         for eid, visitor, kind, is_bot, category, ms in events
     ]
     return Admission(client_id="acme", site_id="web", key_type=key_type, account="acme", period="2026-11",
-                     candidates=candidates, window_ms=86_400_000, budget=lambda used, added: None,
+                     candidates=candidates, budget=lambda used, added: None,
                      units=("pageview", "coverage"))
 
 

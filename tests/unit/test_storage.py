@@ -16,6 +16,7 @@ from storage import counters, idempotency, outbox
 from storage.admission import Admission, AdmissionResult, Candidate, Conflict
 from storage.env import FORMAT_VERSION, Storage
 from storage.errors import FormatError, StorageFull, WriterBusy
+from storage.retention import RetentionSweep
 from storage.writer import GroupCommitWriter, JobRefused, WriteContext, run_job_now
 
 UNITS = ("pageview", "coverage")
@@ -29,7 +30,6 @@ def admission(eids: list[str], *, content: bytes = b"h" * 16, budget=None, size:
         account="acme",
         period="2026-11",
         candidates=[Candidate(eid, content, b'{"x":"' + b"y" * size + b'"}', "pageview") for eid in eids],
-        window_ms=7 * 86_400_000,
         budget=budget or (lambda used, added: (used, added)),
         units=UNITS,
     )
@@ -81,12 +81,22 @@ def test_a_record_with_the_previous_versions_hash_is_the_same_content(tmp_path: 
         run_job_now(storage, admission(["a"], content=b"z" * 16))
 
 
-def test_expired_idempotency_record_is_admitted_again(tmp_path: Path) -> None:
+def test_an_id_is_forgotten_when_the_sweep_removes_its_record_not_before(tmp_path: Path) -> None:
+    # Admission does not judge the window itself: a worker whose clock runs days ahead
+    # (its own clock guard, restarted during a step) would store a retry again that
+    # another worker had called a duplicate. Only the sweep, on worker 0, forgets.
     storage = Storage(tmp_path)
-    run_job_now(storage, admission(["a"]), now_ms=1_000)
-    later = 1_000 + 7 * 86_400_000
-    result: AdmissionResult = run_job_now(storage, admission(["a"]), now_ms=later)
-    assert result.duplicate == [False]
+    first: AdmissionResult = run_job_now(storage, admission(["a"]), now_ms=1_000)
+    later = 1_000 + 30 * 86_400_000
+    retry: AdmissionResult = run_job_now(storage, admission(["a"]), now_ms=later)
+    assert retry.duplicate == [True] and retry.receipt_ids == first.receipt_ids
+    with pytest.raises(JobRefused):  # still the id's content until swept
+        run_job_now(storage, admission(["a"], content=b"z" * 16), now_ms=later)
+    sweep = RetentionSweep(outbox_retention_ms=86_400_000, idempotency_window_ms=7 * 86_400_000)
+    assert run_job_now(storage, sweep, now_ms=1_000 + 7 * 86_400_000 - 1).idempotency_removed == 0
+    assert run_job_now(storage, sweep, now_ms=1_000 + 7 * 86_400_000).idempotency_removed == 1
+    again: AdmissionResult = run_job_now(storage, admission(["a"], content=b"z" * 16), now_ms=later)
+    assert again.duplicate == [False]
 
 
 def test_map_grows_instead_of_failing(tmp_path: Path) -> None:

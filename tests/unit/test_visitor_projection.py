@@ -96,7 +96,7 @@ def _admit(storage: Storage, events: list[tuple[str, str, str, bool, str]], now_
             Candidate(eid, eid.encode().ljust(16, b"#"), stored, None, visitor, event_type, is_bot, category)
         )
     job = Admission(client_id="acme", site_id="web", key_type="browser", account="acme", period="2026-11",
-                    candidates=candidates, window_ms=86_400_000, budget=lambda used, added: None,
+                    candidates=candidates, budget=lambda used, added: None,
                     units=("pageview", "coverage"))
     run_job_now(storage, job, now_ms=now_ms)
 
