@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -69,7 +68,14 @@ from collector.services import Services, wall_clock
 from collector.settings import Settings, SettingsError, load_cidrs
 from collector.signals.projection import VisitorProjection
 from collector.tenants_admin import import_tenants, imported_term_notes, settle_account_suspension
-from storage.age_clock import ANCHOR_KEY, AgeClock, boot_id, decode_anchor, encode_anchor
+from storage.age_clock import (
+    ANCHOR_KEY,
+    AgeClock,
+    boot_id,
+    boot_seconds,
+    decode_anchor,
+    encode_anchor,
+)
 from storage.counters import iter_counters, mark_overage_counting
 from storage.env import Storage
 from storage.errors import StorageError
@@ -156,7 +162,7 @@ def build_services(
     clock: Callable[[], float] = wall_clock,
     *,
     worker_index: int = 0,
-    steady: Callable[[], float] = time.monotonic,
+    steady: Callable[[], float] = boot_seconds,
 ) -> Services:
     """`steady`: seconds that pass at real speed, against which `clock` is checked for
     the ages the writer judges (storage/age_clock.py)."""
@@ -391,7 +397,7 @@ async def serve(
     settings: Settings,
     *,
     clock: Callable[[], float] = wall_clock,
-    steady: Callable[[], float] = time.monotonic,
+    steady: Callable[[], float] = boot_seconds,
     worker_index: int = 0,
     metrics_dir: str | None = None,
     own_process: bool = False,

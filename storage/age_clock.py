@@ -1,16 +1,16 @@
 """The writer's clock: the wall clock, except that it does not follow a sudden step at once.
 
 Every age the writer judges is wall-clock milliseconds against a record's own
-stamp: the outbox and replay retention, the idempotency window (a retry after
-it is a new event). One minute of a clock set days ahead (a bad NTP answer,
-a VM restored from a snapshot, a machine booting without a real-time clock
-that then corrects itself) made the retention sweep remove a week of stored
+stamp: the outbox and replay retention, the idempotency window (the sweep
+removes a record past it, and a retry is then a new event). One minute of a
+clock set days ahead (a bad NTP answer, a VM restored from a snapshot, a
+machine booting without a real-time clock that then corrects itself) made the retention sweep remove a week of stored
 events and their idempotency records, and their retries were then stored and
 billed again (helper-108). Records stamped during a step back looked that much
 older once it was corrected, and their retries were stored again (helper-112).
 
-So the wall clock is believed while it keeps pace with the monotonic clock
-(within SLACK_MS). When it steps away from the time that has really passed,
+So the wall clock is believed while it keeps pace (within SLACK_MS) with the
+time since boot (boot_seconds: monotonic, and counting a suspension). When it steps away from the time that has really passed,
 ahead or back, the writer goes on at real speed from the last time it
 believed, until the wall clock has stayed away for TRUST_AFTER_S: a correction
 that holds (a clock that was wrong and was put right) is then believed. A step
@@ -18,7 +18,7 @@ that is undone within that time (the usual glitch) is never seen in a stamp.
 
 A new process (a restarted worker, serve restarted by systemd) starts from the
 anchor the retention sweep records in `meta` (the time believed, against the
-monotonic clock, which every process of one boot shares), so a restart during
+time since boot, which every process of one boot shares), so a restart during
 a step does not believe it at once (helper-111). After a reboot the anchor says
 nothing, and the wall clock is believed as the process finds it.
 
@@ -51,10 +51,10 @@ class AgeClock:
     """Callable: milliseconds for stamping and judging ages, from `wall_ms` checked by `steady_s`."""
 
     def __init__(
-        self, wall_ms: Callable[[], int], steady_s: Callable[[], float] = time.monotonic, *, seed: Reading | None = None
+        self, wall_ms: Callable[[], int], steady_s: Callable[[], float] | None = None, *, seed: Reading | None = None
     ) -> None:
         self._wall_ms = wall_ms
-        self._steady_s = steady_s
+        self._steady_s = steady_s or boot_seconds
         self._believed: Reading | None = seed  # the last reading believed
         self._away_since: float | None = None  # steady s when the wall clock was first found away
         self._lock = threading.Lock()  # (the writer thread reads it; so may the sweep's anchor)
@@ -95,6 +95,20 @@ class AgeClock:
             return _projected(self._believed, steady), steady
 
 
+def boot_seconds() -> float:
+    """Seconds since boot, counting time suspended (CLOCK_BOOTTIME, Linux).
+
+    The monotonic clock stops while a VM is suspended, so a resume would look
+    like a step of the wall clock, and the writer would stamp the suspended time
+    away for 10 minutes. Every process of one boot shares this clock, as the
+    anchor needs.
+    """
+    return time.clock_gettime(_BOOT_CLOCK)
+
+
+_BOOT_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
+
 def _projected(reading: Reading, steady: float) -> int:
     return reading[0] + int((steady - reading[1]) * 1000)
 
@@ -104,7 +118,7 @@ def encode_anchor(reading: Reading, boot_id: bytes) -> bytes:
 
 
 def decode_anchor(raw: bytes | memoryview | None, boot_id: bytes) -> Reading | None:
-    """The recorded anchor when this boot recorded it (the monotonic clock restarts with a boot)."""
+    """The recorded anchor when this boot recorded it (the time since boot restarts with a boot)."""
     if raw is None or not boot_id:
         return None
     raw = bytes(raw)
