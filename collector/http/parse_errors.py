@@ -10,6 +10,10 @@ nothing. Here they get the error body (section 2.7), an X-Request-ID (the
 client's when a request head was read, else a minted one) and, for a request
 no route saw, an access line and a count in `collector_requests_total`
 with route `http_parser`.
+
+h11 also refused an empty line before a request line, which RFC 9112 (2.2)
+asks a server to ignore: some clients end a POST body with an extra CRLF,
+and the next request on that keep-alive connection was answered 400.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import time
 from typing import Any
 
 import h11
+from h11._readers import READERS
+from h11._receivebuffer import ReceiveBuffer
 from hypercorn.protocol.h11 import H11Protocol
 
 from collector.errors import ServiceError, render_error
@@ -25,6 +31,33 @@ from collector.http.asgi import PARSER_REFUSAL, Request
 from collector.http.unrouted import UnroutedAnswers, stand_in_request
 
 ACCESS_ROUTE = "http_parser"
+EMPTY_LINES_SKIPPED = 2  # RFC 9112 2.2: "at least one"; a few more would only feed an idle client
+
+
+def _skipping_empty_lines(read_request_line: Any) -> Any:
+    def read(buf: ReceiveBuffer) -> h11.Request | None:
+        data = buf._data
+        for _ in range(EMPTY_LINES_SKIPPED):
+            if data[:2] == b"\r\n":
+                buf._extract(2)
+            elif data[:1] == b"\n":
+                buf._extract(1)
+            else:
+                break
+            data = buf._data
+        if data == b"\r":  # half an empty line: wait for the rest (h11 calls a lone CR illegal)
+            return None
+        request: h11.Request | None = read_request_line(buf)
+        return request
+
+    return read
+
+
+# h11 keeps one reader per (role, state) in this table, shared by every connection.
+_IDLE_CLIENT = (h11.CLIENT, h11.IDLE)
+if not getattr(READERS[_IDLE_CLIENT], "skips_empty_lines", False):
+    READERS[_IDLE_CLIENT] = _skipping_empty_lines(READERS[_IDLE_CLIENT])
+    READERS[_IDLE_CLIENT].skips_empty_lines = True  # type: ignore[union-attr]
 
 
 def _error_for(status: int, head_limit: int) -> ServiceError:

@@ -780,6 +780,24 @@ async def test_connections_over_a_cap_are_told_503_at_once(
     assert "collector_connections_max 6.0" in metrics
 
 
+async def test_an_empty_line_before_a_request_line_is_skipped(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # RFC 9112 2.2: a server SHOULD ignore at least one empty line before a request
+    # line. A client ending a body with an extra CRLF had its next request refused 400.
+    server = await start_server(nursery, tmp_path)
+    async with await _open(server) as stream:
+        await stream.send_all(b"\r\n" + HEALTH)  # at the connection's start
+        assert (await _read_response(stream)).startswith(b"HTTP/1.1 200")
+        await stream.send_all(b"\r\n\n" + HEALTH)  # between requests, one of them a bare LF
+        assert (await _read_response(stream)).startswith(b"HTTP/1.1 200")
+        await stream.send_all(b"\r")  # an empty line split over two reads
+        await trio.sleep(0.2)
+        await stream.send_all(b"\n" + HEALTH)
+        assert (await _read_response(stream)).startswith(b"HTTP/1.1 200")
+    async with await _open(server) as stream:  # a few, not any number
+        await stream.send_all(b"\r\n" * 3 + HEALTH)
+        assert (await _read_until_closed(stream)).startswith(b"HTTP/1.1 400")
+
+
 async def test_the_http_parsers_refusals_carry_the_error_body_an_id_and_an_access_line(
     nursery: trio.Nursery, tmp_path: Path, access_lines: Callable[[], list[dict[str, Any]]]
 ) -> None:
