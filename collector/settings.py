@@ -146,8 +146,8 @@ def load_settings(
         # strict=False lets environment strings become numbers and booleans
         settings = msgspec.convert(merged, Settings, strict=False)
     except msgspec.ValidationError as exc:
-        field = re.search(r"at `\$\.(\w+)", str(exc))
-        source = sources.get(field.group(1)) if field else None
+        field = re.search(r"at `\$\.(\w+)|unknown field `(\w+)`", str(exc))
+        source = sources.get(field.group(1) or field.group(2)) if field else None
         raise SettingsError(f"invalid setting: {exc}" + (f" (from {source})" if source else "")) from None
     try:
         _check_bind(settings.bind)

@@ -134,6 +134,9 @@ def test_a_bad_setting_names_where_it_came_from(tmp_path: Path) -> None:
         load_settings({}, config_file=str(config), environ={"COLLECTOR_WORKERS": "2"})
     with pytest.raises(SettingsError, match=r"'nowhere' \(from the command line\)"):
         load_settings({"bind": "nowhere"}, environ={"COLLECTOR_BIND": "127.0.0.1:1"})
+    config.write_text('bindd = "127.0.0.1:1"\n')  # a misspelt key, which has no `$.` path (helper-109)
+    with pytest.raises(SettingsError, match=rf"unknown field `bindd` \(from config file {config}\)"):
+        load_settings({}, config_file=str(config))
 
 
 def test_a_stale_temp_key_file_of_this_pid_does_not_block_a_rotation(tmp_path: Path) -> None:
