@@ -10,6 +10,7 @@ import datetime
 import enum
 import json
 import re
+import unicodedata
 from typing import Annotated
 
 import msgspec
@@ -129,8 +130,19 @@ SCOPES = frozenset({"events:write", "live:read", "signals:read", "signals:stream
 _FREE_ALIASES = frozenset({"free", "explore", "trial", "starter", "hobby", "developer"})
 # Ids are joined with NUL in storage keys (one in an id could collide), and are written
 # into every access line: no control characters (C0, DEL, C1: terminals obey some) and
-# no Unicode line breaks (helper-109).
+# no Unicode line breaks (helper-109); no invisible format characters either (Unicode
+# category Cf: bidi controls reorder the rest of a log line as it is shown, and with
+# zero-width ones two ids that read the same are different tenants: helper-111).
 _NAME_TEXT = re.compile(r"[^\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+
+
+def _unfit_char(name: str) -> str | None:
+    """The first character an id may not hold, or None."""
+    if _NAME_TEXT.fullmatch(name) and name.isprintable():  # (the common case, in C)
+        return None
+    return next(
+        (c for c in name if not _NAME_TEXT.fullmatch(c) or unicodedata.category(c) == "Cf"), None
+    )
 
 
 class TenantsFileError(ValueError):
@@ -226,11 +238,9 @@ def _check_entry(record: KeyRecord, index: int) -> None:
     names = [(f"{where}.clientId", record.clientId), (f"{where}.billingAccount", record.billingAccount)]
     names += [(f"{where}.sites[{n}].siteId", site.siteId) for n, site in enumerate(record.sites)]
     for at, name in names:
-        if name and not _NAME_TEXT.fullmatch(name):  # ("" billingAccount means the clientId)
-            bad = next(char for char in name if not _NAME_TEXT.fullmatch(char))
-            raise TenantsFileError(
-                f"invalid tenants file: a control character (U+{ord(bad):04X}) in {name!r} - at {at}"
-            )
+        if name and (bad := _unfit_char(name)) is not None:  # ("" billingAccount means the clientId)
+            kind = "an invisible format character" if unicodedata.category(bad) == "Cf" else "a control character"
+            raise TenantsFileError(f"invalid tenants file: {kind} (U+{ord(bad):04X}) in {name!r} - at {at}")
         if name and len(name.encode()) > MAX_NAME_BYTES:
             raise TenantsFileError(
                 f"invalid tenants file: {at.rpartition('.')[2]} is {len(name.encode())} bytes in UTF-8,"

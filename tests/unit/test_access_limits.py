@@ -283,3 +283,16 @@ def test_tenant_ids_with_control_characters_are_refused(bad: str) -> None:
         parse_tenants_file(json.dumps({"keys": [record]}).encode())
     assert f"a control character (U+{ord(bad):04X})" in str(refused.value) and "keys[0].clientId" in str(refused.value)
     parse_tenants_file(json.dumps({"keys": [{**record, "clientId": "évil ☃"}]}).encode())  # other text is fine
+
+
+@pytest.mark.parametrize("bad", ["\u202e", "\u2066", "\u200b", "\u200d", "\ufeff", "\u00ad"])
+def test_tenant_ids_with_invisible_format_characters_are_refused(bad: str) -> None:
+    # helper-111: a bidi control reorders the rest of an access line as it is shown, and
+    # with a zero-width character two ids that read the same are different tenants.
+    record = {"key": "cs_live_fmt00000000", "clientId": "acme", "plan": "paid",
+              "sites": [{"siteId": f"we{bad}b", "domains": ["a.com"]}]}
+    with pytest.raises(TenantsFileError) as refused:
+        parse_tenants_file(json.dumps({"keys": [record]}).encode())
+    message = str(refused.value)
+    assert f"an invisible format character (U+{ord(bad):04X})" in message and "sites[0].siteId" in message
+    parse_tenants_file(json.dumps({"keys": [{**record, "sites": [{"siteId": "w\u00a0b", "domains": ["a.com"]}]}]}).encode())
