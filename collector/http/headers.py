@@ -49,13 +49,19 @@ ALLOWED_HEADERS = ", ".join(
 def cors_headers(origin: str | None) -> list[tuple[str, str]]:
     """Headers that let a browser script at `origin` read the response.
 
-    The collector authorises by key and domain gate, never by cookies, so the
-    origin is reflected without credentials.
+    Credentials are allowed: `navigator.sendBeacon` always sends in credentials
+    mode "include", and a beacon whose Blob is typed application/json (so
+    preflighted) was dropped by the browser, silently, without this on its
+    preflight; a `fetch(..., {credentials: "include"})` was stored and then
+    reported failed (helper-117). It grants nothing: the collector authorises by
+    key and domain gate and never reads a cookie, and the operational routes,
+    which trust a client's network, send no CORS headers at all.
     """
     if not origin:
         return []
     return [
         ("Access-Control-Allow-Origin", origin),
+        ("Access-Control-Allow-Credentials", "true"),
         ("Access-Control-Expose-Headers", EXPOSED_HEADERS),
         ("Vary", "Origin"),
     ]
@@ -66,6 +72,7 @@ def preflight_headers(origin: str | None) -> list[tuple[str, str]]:
         return []
     return [
         ("Access-Control-Allow-Origin", origin),
+        ("Access-Control-Allow-Credentials", "true"),  # (see cors_headers)
         ("Access-Control-Allow-Methods", ALLOWED_METHODS),
         ("Access-Control-Allow-Headers", ALLOWED_HEADERS),
         ("Access-Control-Max-Age", "86400"),

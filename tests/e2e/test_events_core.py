@@ -785,6 +785,29 @@ async def test_unknown_routes_and_methods_use_the_error_format(server: RunningSe
         assert response.headers["X-Request-ID"] and response.headers["Upgrade"] == "websocket"
 
 
+async def test_a_beacon_a_browser_sends_with_credentials_passes_its_preflight_and_is_readable(
+    server: RunningServer,
+) -> None:
+    # helper-117: sendBeacon always sends in credentials mode "include"; with a Blob typed
+    # application/json it is preflighted, and Chromium dropped it, silently, for want of
+    # Access-Control-Allow-Credentials: true (a credentialed fetch was stored, then failed).
+    origin = {"Origin": "https://acme.com"}
+    preflight = await server.client.options(
+        f"/v1/events?key={BROWSER_KEY}",
+        headers={**origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"},
+    )
+    assert preflight.status_code == 204, preflight.text
+    assert preflight.headers["Access-Control-Allow-Origin"] == "https://acme.com"
+    assert preflight.headers["Access-Control-Allow-Credentials"] == "true"
+    beacon = await server.client.post(f"/v1/events?key={BROWSER_KEY}", content=json.dumps(pageview("beacon-1")),
+                                      headers={**origin, "Content-Type": "application/json"})
+    assert beacon.status_code == 202, beacon.text
+    assert beacon.headers["Access-Control-Allow-Credentials"] == "true"
+    refused = await server.client.post("/v1/events", json=pageview("beacon-2"), headers=origin)  # no key: 401
+    assert refused.status_code == 401 and refused.headers["Access-Control-Allow-Credentials"] == "true"
+    assert "Access-Control-Allow-Credentials" not in (await server.client.get("/healthz", headers=origin)).headers
+
+
 async def test_a_preflight_to_another_routes_path_carries_cors(server: RunningServer) -> None:
     # The signals route answers paths of other routes (404, 426); a preflight
     # to them lost its CORS headers as if its gate had refused it.
