@@ -21,7 +21,7 @@ import h2.exceptions
 import h2.settings
 import pytest
 import trio
-from hyperframe.frame import GoAwayFrame
+from hyperframe.frame import GoAwayFrame, WindowUpdateFrame
 
 from collector.http import access_log, h2_protocol
 from collector.log_sink import stderr_sink
@@ -515,17 +515,27 @@ async def test_http2_goaway_lets_the_streams_already_open_finish(
     assert [line["status"] for line in access_lines() if line["route"] == "/v1/events"] == [202] * 6
 
 
-def _h2_rapid_reset(base_url: str, streams: int) -> tuple[int | None, int]:
+def _h2_rapid_reset(base_url: str, streams: int, made: bool = False) -> tuple[int | None, int]:
     """Open and at once reset `streams` streams (GET /healthz) in one write, then read
     until the server closes: the error code of its GOAWAY (None: none came) and how
-    many answers came."""
+    many answers came. `made`: the server is made to reset each stream (a POST whose
+    body never comes, then a WINDOW_UPDATE overflowing its window: "MadeYouReset")."""
     with h2_client(base_url, timeout=10) as (sock, conn):
+        frames = b""
         for _ in range(streams):
             stream = conn.get_next_available_stream_id()
-            conn.send_headers(stream, [(":method", "GET"), (":path", "/healthz"), (":authority", "x"),
-                                       (":scheme", "http")], end_stream=True)
-            conn.reset_stream(stream, h2.errors.ErrorCodes.CANCEL)
-        sock.sendall(conn.data_to_send())
+            if made:
+                conn.send_headers(stream, [(":method", "POST"), (":path", "/v1/events"), (":authority", "x"),
+                                           (":scheme", "http"), ("x-api-key", BROWSER_KEY)])
+                overflow = WindowUpdateFrame(stream)
+                overflow.window_increment = 2**31 - 1
+                frames += conn.data_to_send() + overflow.serialize()
+                conn.streams.pop(stream, None)  # (the client's h2 would refuse the server's RST_STREAM)
+            else:
+                conn.send_headers(stream, [(":method", "GET"), (":path", "/healthz"), (":authority", "x"),
+                                           (":scheme", "http")], end_stream=True)
+                conn.reset_stream(stream, h2.errors.ErrorCodes.CANCEL)
+        sock.sendall(frames + conn.data_to_send())
         goaway, answers = None, 0
         with contextlib.suppress(ConnectionResetError):
             while data := sock.recv(65536):
@@ -563,6 +573,20 @@ async def test_an_http2_client_resetting_streams_as_fast_as_it_opens_them_is_cut
     await trio.sleep(1.2)  # (ten more a second)
     goaway, _ = await trio.to_thread.run_sync(_h2_rapid_reset, server.base_url, 5)
     assert goaway in (None, h2.errors.ErrorCodes.NO_ERROR)  # (closed idle after keep_alive_timeout)
+
+
+async def test_an_http2_client_making_the_server_reset_its_streams_is_cut_off(
+    nursery: trio.Nursery, tmp_path: Path, fresh_reset_allowances: None
+) -> None:
+    # "MadeYouReset" (CVE-2025-8671): streams the server itself reset, for a WINDOW_UPDATE
+    # overflowing each one's window, cancelled a started route each and were not counted:
+    # 20,000 in 8 s took 6.6 s of CPU (helper-116).
+    server = await start_server(nursery, tmp_path, keep_alive_timeout=2)
+    goaway, _ = await trio.to_thread.run_sync(_h2_rapid_reset, server.base_url, 150, True)
+    assert goaway == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    await trio.sleep(1.2)  # a few a second are anyone's
+    goaway, _ = await trio.to_thread.run_sync(_h2_rapid_reset, server.base_url, 5, True)
+    assert goaway in (None, h2.errors.ErrorCodes.NO_ERROR)
 
 
 def _h2_reset_then_silent(base_url: str) -> float | None:
