@@ -46,8 +46,11 @@ class Contract(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     coverageCeiling: Annotated[int, msgspec.Meta(ge=0)] | None = None
 
 
+KEY_MIN_CHARS, KEY_MAX_CHARS = 8, 256  # an API key's length, as imported
+
+
 class KeyRecord(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    key: Annotated[str, msgspec.Meta(min_length=8, max_length=256)]
+    key: Annotated[str, msgspec.Meta(min_length=KEY_MIN_CHARS, max_length=KEY_MAX_CHARS)]
     clientId: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
     name: str = ""
     plan: str = "free"

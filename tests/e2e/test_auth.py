@@ -33,6 +33,14 @@ async def test_missing_and_unknown_key(server: RunningServer) -> None:
     )
     assert response.status_code == 401
     assert response.json()["error"] == "invalid_api_key"
+    # a key longer than any imported one: unknown, and not kept in the key cache (helper-114)
+    cached = "collector_key_cache_entries"
+    before = [line for line in (await server.client.get("/metrics")).text.splitlines() if line.startswith(cached)]
+    for n in range(3):
+        huge = await server.client.post(f"/v1/events?key={n}{'k' * 9000}", json=pageview("a"), headers=ORIGIN)
+        assert (huge.status_code, huge.json()["error"]) == (401, "invalid_api_key")
+    after = [line for line in (await server.client.get("/metrics")).text.splitlines() if line.startswith(cached)]
+    assert after == before and before, after
 
 
 async def test_key_in_query_parameter_for_browser_and_mobile(server: RunningServer) -> None:

@@ -77,6 +77,17 @@ def test_key_cache_ttls_and_unreadable_store(tmp_path: Path) -> None:
     assert info.value.response_headers()["Retry-After"] == "5"
 
 
+def test_a_key_no_import_could_hold_is_unknown_and_never_cached(tmp_path: Path) -> None:
+    # helper-114: every unknown key was cached whatever its size; 80,000 random 30 KB
+    # keys in ?key= (each a 401, no key needed) held 1.5 GB.
+    storage = Storage(tmp_path)
+    cache = KeyCache(storage)
+    for key in ("k" * 257, "k" * 30_000, "short"):
+        assert cache.lookup(key) is None
+    assert cache.statistics().entries == 0
+    assert cache.lookup("k" * 256) is None and cache.statistics().entries == 1  # a length a key may have
+
+
 def test_suspension_reaches_a_cached_key_within_a_minute_and_revocation_within_two(tmp_path: Path) -> None:
     # Spec 5.6: suspension propagates in about 60 s (at most 90); key config is cached 2 minutes.
     storage = Storage(tmp_path)
