@@ -36,6 +36,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from storage.throttled_log import ThrottledLog
+
 log = logging.getLogger("collector.storage")
 
 SLACK_MS = 5_000  # ordinary NTP slewing and scheduling delays stay well inside this
@@ -56,7 +58,10 @@ class AgeClock:
         self._wall_ms = wall_ms
         self._steady_s = steady_s or boot_seconds
         self._believed: Reading | None = seed  # the last reading believed
-        self._away_since: float | None = None  # steady s when the wall clock was first found away
+        self._away_since: float | None = None  # steady s when the wall clock was found where it is
+        self._away_by = 0  # ms it was found away by then (a new step starts the wait again)
+        # (a wall clock that is stuck or runs wild steps again every few seconds)
+        self._stepped = ThrottledLog(log, logging.WARNING, clock=self._steady_s)
         self._lock = threading.Lock()  # (the writer thread reads it; so may the sweep's anchor)
 
     def __call__(self) -> int:
@@ -70,13 +75,17 @@ class AgeClock:
                 self._away_since = None
                 self._believed = (wall, steady)
                 return wall
-            if self._away_since is None:
-                self._away_since = steady
-                log.warning(
+            away_by = wall - expected
+            # A second step while the first is waited out starts the wait again: the
+            # 10 minutes are of the clock staying where it now is (helper-116: a day's
+            # step, then a week's 599 s later, was believed a second after the second).
+            if self._away_since is None or abs(away_by - self._away_by) > SLACK_MS:
+                self._away_since, self._away_by = steady, away_by
+                self._stepped(
                     "the wall clock stepped %+.0f s away from the time that passed: the writer's stamps and"
-                    " ages (retention, the idempotency window) go on at real speed for %.0f s before it is"
-                    " believed",
-                    (wall - expected) / 1000, TRUST_AFTER_S,
+                    " ages (retention, the idempotency window) go on at real speed until it has stayed"
+                    " there %.0f s",
+                    away_by / 1000, TRUST_AFTER_S, cause="wall clock step",
                 )
             if steady - self._away_since >= TRUST_AFTER_S:
                 log.warning("the wall clock stayed where it stepped for %.0f s: it is believed from now on",

@@ -1,4 +1,4 @@
-"""The writer's clock does not follow a forward step of the wall clock at once."""
+"""The writer's clock does not follow a step of the wall clock, ahead or back, at once."""
 
 from __future__ import annotations
 
@@ -84,3 +84,20 @@ def test_a_new_process_starts_from_the_recorded_anchor_of_its_boot() -> None:
     clocks.pass_s(5)
     restarted = AgeClock(lambda: clocks.wall_ms, lambda: clocks.steady_s, seed=decode_anchor(recorded, boot))
     assert restarted() == start + 35_000
+
+
+def test_a_second_step_while_the_first_is_waited_out_starts_the_wait_again() -> None:
+    # helper-116: a day's step, then a week's 599 s later, was believed a second after the second
+    clocks = Clocks()
+    age = AgeClock(lambda: clocks.wall_ms, lambda: clocks.steady_s)
+    start = age()
+    clocks.wall_ms += 86_400_000
+    assert age() == start
+    clocks.pass_s(TRUST_AFTER_S - 1)
+    clocks.wall_ms += 7 * 86_400_000
+    assert age() == start + int((TRUST_AFTER_S - 1) * 1000)
+    clocks.pass_s(TRUST_AFTER_S - 1)
+    assert age() == start + int(2 * (TRUST_AFTER_S - 1) * 1000)  # still real time
+    clocks.pass_s(1)
+    assert age() == clocks.wall_ms  # the second step held its 10 minutes
+
