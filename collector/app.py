@@ -76,6 +76,7 @@ from storage.age_clock import (
     decode_anchor,
     encode_anchor,
 )
+from storage.age_clock import watch as watch_wall_clock
 from storage.counters import iter_counters, mark_overage_counting
 from storage.env import Storage
 from storage.errors import StorageError
@@ -426,6 +427,8 @@ async def serve(
         app = build_asgi(services)
         async with trio.open_nursery() as outer:
             await outer.start(services.writer.run)
+            if isinstance(services.writer.clock_ms, AgeClock):
+                outer.start_soon(watch_wall_clock, services.writer.clock_ms)
             if metrics_dir is not None:
                 shared = services.metrics.shared = SharedMetrics(metrics_dir, worker_index)
                 outer.start_soon(publish_every_second, shared, services.metrics.process_families)

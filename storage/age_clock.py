@@ -36,6 +36,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import trio
+
 from storage.throttled_log import ThrottledLog
 
 log = logging.getLogger("collector.storage")
@@ -102,6 +104,20 @@ class AgeClock:
                 return None
             steady = self._steady_s()
             return _projected(self._believed, steady), steady
+
+
+async def watch(clock: AgeClock, every_s: float = 1.0) -> None:
+    """Read `clock` every second, commits or none.
+
+    A guard learns of a step when it is read. Read only at commits, a worker that
+    committed nothing for 5 minutes after a step started its 10 minutes then, and
+    believed the step 5 minutes after the other workers: meanwhile their stamps
+    differed by the whole step (helper-116). Each worker's guard now starts within
+    a second of the others.
+    """
+    while True:
+        clock()
+        await trio.sleep(every_s)
 
 
 def boot_seconds() -> float:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import re
 import time
 from pathlib import Path
 
 import httpx
 import msgspec
+import pytest
 import trio
 
 from storage import idempotency
@@ -959,6 +961,19 @@ async def test_a_wall_clock_jumping_days_ahead_for_a_minute_removes_nothing(
     assert (retry.json()["accepted"], retry.json()["duplicates"]) == (0, 2), retry.text
     assert retry.json()["receiptIds"] == first.json()["receiptIds"]
     assert [row["eid"] for row in await outbox_dump(server.data_dir)] == ["jump-1", "jump-2"]
+
+
+async def test_a_server_that_commits_nothing_still_sees_a_clock_step_within_a_second(
+    nursery: trio.Nursery, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # helper-116: a guard read only at commits started its 10 minutes at its worker's next
+    # commit, so an idle worker believed a step minutes after the others, and their stamps
+    # differed by the whole step meanwhile.
+    server = await start_server(nursery, tmp_path, steady=time.monotonic, retention_interval_s=600)
+    with caplog.at_level(logging.WARNING, logger="collector.storage"):
+        server.clock.offset = 2 * 86_400
+        await trio.sleep(1.5)  # no request, no sweep
+    assert any("the wall clock stepped +172800 s" in record.getMessage() for record in caplog.records), caplog.text
 
 
 async def test_a_server_restarted_during_a_clock_jump_does_not_believe_it(
