@@ -36,6 +36,7 @@ from collector.http.access_log import flush_periodically as flush_access_log
 from collector.http.asgi import Receive, Scope, Send, send_response
 from collector.http.client_address import TrustedProxies
 from collector.http.connections import (
+    MIN_CONNECTIONS,
     Connection,
     ConnectionGuard,
     ConnectionLimits,
@@ -587,6 +588,10 @@ async def _serve_http(
 
 def _connection_caps(settings: Settings) -> dict[str, int]:
     total, per_client = default_connection_limits()
+    if total < MIN_CONNECTIONS and not settings.max_connections:
+        log.warning(
+            "this process's file descriptor limit leaves room for only %d connections; raise LimitNOFILE", total
+        )
     if settings.max_connections > total:
         log.warning(
             "max_connections %d is more than this process's file descriptor limit allows (%d):"

@@ -256,8 +256,10 @@ def default_connection_limits() -> tuple[int, int]:
     for LMDB, the listeners and logs, and a quarter of that for one client."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     available = soft if soft != resource.RLIM_INFINITY else 1_048_576
-    total = max(MIN_CONNECTIONS, available - FD_RESERVE)
-    return total, max(MIN_CONNECTIONS, total // 4)
+    # Under a small limit, half of it (at 64, a floor of 64 was the whole limit: every
+    # accept then failed with EMFILE, a traceback ten times a second, helper-114).
+    total = max(available - FD_RESERVE, available // 2, 1)
+    return total, min(total, max(MIN_CONNECTIONS, total // 4))
 
 
 class OpenSends:

@@ -915,3 +915,38 @@ def test_a_request_the_drain_gives_up_on_is_logged_as_the_servers_stop(tmp_path:
     lines = [json.loads(line) for line in serve.stderr.read().splitlines() if '"msg":"request"' in line]
     assert [(line["requestId"], line["status"], line["error"]) for line in lines] == [
         ("held-1", 503, "service_unavailable")], lines
+
+
+def test_under_a_small_descriptor_limit_connections_past_the_cap_get_503_not_emfile(tmp_path: Path) -> None:
+    # helper-114: under `LimitNOFILE=64` the connection cap's floor of 64 was the whole
+    # limit: 24 of 100 connections were never accepted, and the accept loop logged an
+    # EMFILE traceback ten times a second. The cap is now half a small limit, said at start.
+    import resource
+
+    log = tmp_path / "serve.log"
+    with log.open("w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "collector", "serve", "--demo", "--env", "development", "--bind", "127.0.0.1:0",
+             "--data-dir", str(tmp_path / "data"), "--no-access-log"],
+            stdout=subprocess.PIPE, stderr=stderr, text=True,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)),
+        )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().split("listening on ")[1].strip()
+        host, port = url.removeprefix("http://").split(":")
+        sockets = [socket.create_connection((host, int(port)), timeout=5) for _ in range(60)]
+        statuses = Counter()
+        for sock in sockets:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        for sock in sockets:
+            statuses[sock.recv(64).split(b" ")[1].decode()] += 1  # (a timeout: never accepted)
+        for sock in sockets:
+            sock.close()
+        assert statuses["200"] == 32 and statuses["503"] == 28, statuses
+        assert httpx.get(url + "/healthz").status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)
+    text = log.read_text()
+    assert "leaves room for only 32 connections" in text and "EMFILE" not in text, text[-2000:]
