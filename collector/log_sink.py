@@ -27,7 +27,7 @@ FAILED_WRITE_PAUSE_S = 1.0  # after a write failed: what comes meanwhile waits i
 PIPE_BUF = select.PIPE_BUF
 _DROPPED_LINE = (
     '{"ts":"%s","level":"warning","logger":"collector.logs",'
-    '"msg":"%d log lines dropped: stderr was not being read, or could not be written"}\n'
+    '"msg":"%d log lines dropped: stderr was not being read, or could not be written"%s}\n'
 )
 
 
@@ -43,6 +43,9 @@ class StderrSink:
         self._unreported_drops = 0
         self._torn = False  # a failed write left a line without its end
         self.dropped = 0  # every line dropped since the start (a metric reads it)
+        # What every line of this process carries (`,"worker":1,"pid":7`: logs.configure_logging),
+        # for the one line the sink writes itself.
+        self.line_fields = ""
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="stderr-sink", daemon=True)
         self._thread.start()
@@ -85,7 +88,7 @@ class StderrSink:
             unsaid = 0  # drops whose notice did not go out: said with the next one
             if drops:  # after the lines taken before the drop, before those taken after it
                 stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())
-                unsaid = drops if self._write_piece((_DROPPED_LINE % (stamp, drops)).encode()) else 0
+                unsaid = drops if self._write_piece((_DROPPED_LINE % (stamp, drops, self.line_fields)).encode()) else 0
             with self._cond:
                 self.dropped += lost  # (lines lost to a failed write: a full disk, a reader gone)
                 self._unreported_drops += lost + unsaid

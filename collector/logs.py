@@ -54,6 +54,7 @@ def one_line(entry: dict[str, object]) -> str:
     line = _encode(entry)
     if len(line.encode()) <= MAX_LINE_BYTES:
         return line
+    whole = entry
     # several long fields share the room; then the longest gives up what is still over
     entry = {name: _middle(value, MAX_LINE_BYTES // 4) if isinstance(value, str) else value
              for name, value in entry.items()}
@@ -66,7 +67,8 @@ def one_line(entry: dict[str, object]) -> str:
         value = str(entry[name])
         size = len(_encode(value))  # (as encoded: escapes and UTF-8 take more bytes than characters)
         entry[name] = _middle(value, max(0, len(value) * (size - excess) // size - 64))  # (64: the mark)
-    return _encode({key: entry[key] for key in ("ts", "level", "logger") if key in entry} | {"msg": "(cut)"})
+    kept = ("ts", "level", "logger", *_process_fields)
+    return _encode({key: whole[key] for key in kept if key in whole} | {"msg": "(cut)"})
 
 
 def _middle(value: str, keep: int) -> str:
@@ -125,6 +127,8 @@ def configure_logging(level: int = logging.INFO, *, worker: int | None = None) -
     supervisor's "worker 1 (pid X) exited" matched none of them)."""
     global _process_fields
     _process_fields = {} if worker is None else {"worker": worker, "pid": os.getpid()}
+    fields = _encode(_process_fields)[1:-1]  # '"worker":1,"pid":7', or nothing
+    stderr_sink().line_fields = "," + fields if fields else ""  # (for the line the sink writes itself)
     handler = SinkHandler()
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()

@@ -10,6 +10,9 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
+from collector import logs
 from collector.log_sink import PIPE_BUF, StderrSink
 from collector.logs import one_line
 
@@ -79,6 +82,7 @@ def test_a_failed_write_ends_the_line_it_cut_and_counts_what_it_lost(tmp_path: P
     path = tmp_path / "stderr"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
     sink = StderrSink(fd)
+    sink.line_fields = ',"worker":1,"pid":7'  # (a `--workers` child's: logs.configure_logging)
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     try:
         resource.setrlimit(resource.RLIMIT_FSIZE, (100, hard))  # (Python ignores SIGXFSZ: the write fails)
@@ -101,6 +105,14 @@ def test_a_failed_write_ends_the_line_it_cut_and_counts_what_it_lost(tmp_path: P
     assert len(cut) == 100 and rest[-1] == b""
     records = [json.loads(line) for line in rest[:-1]]
     assert records[0] == {"c": 2} and records[1]["msg"] == "3 log lines dropped: stderr was not being read, or could not be written"
+    assert (records[1]["worker"], records[1]["pid"]) == (1, 7)  # as every line of the process (helper-116)
+
+
+def test_a_record_that_cannot_be_cut_to_size_keeps_its_process_fields(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(logs, "_process_fields", {"worker": 2, "pid": 9})
+    line = one_line({"ts": "t", "level": "info", "logger": "x", "worker": 2, "pid": 9,
+                     **{f"field{n}": "v" for n in range(1000)}})  # (names are never cut)
+    assert json.loads(line) == {"ts": "t", "level": "info", "logger": "x", "worker": 2, "pid": 9, "msg": "(cut)"}
 
 
 def test_a_log_record_is_one_line_of_at_most_a_pipe_write_with_controls_escaped() -> None:
