@@ -18,6 +18,7 @@ and the next request on that keep-alive connection was answered 400.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -28,6 +29,7 @@ from hypercorn.protocol.h11 import H11Protocol
 
 from collector.errors import ServiceError, render_error
 from collector.http.asgi import PARSER_REFUSAL, Request
+from collector.http.headers import cors_headers
 from collector.http.unrouted import UnroutedAnswers, stand_in_request
 
 ACCESS_ROUTE = "http_parser"
@@ -76,6 +78,18 @@ def _error_for(status: int, head_limit: int) -> ServiceError:
     )
 
 
+_ORIGIN_LINE = re.compile(rb"\r?\norigin:[ \t]*([\x21-\x7e]{1,2048})[ \t]*\r?\n", re.IGNORECASE)
+
+
+def _origin_in_head(protocol: H11Protocol) -> str | None:
+    """The Origin of a head h11 refused unparsed for its size, if it arrived: the
+    refusal is then readable by the script that sent it. (A head refused for a
+    malformed line has left the buffer; browsers send none.)"""
+    buffer = getattr(protocol.connection, "_receive_buffer", None)
+    found = _ORIGIN_LINE.search(bytes(buffer._data)) if buffer is not None else None
+    return found.group(1).decode("ascii") if found else None
+
+
 def answer_parse_errors(protocol: H11Protocol, unrouted: UnroutedAnswers) -> None:
     """Make `protocol` (one connection's) answer its parser's refusals in the error format."""
 
@@ -95,11 +109,14 @@ def answer_parse_errors(protocol: H11Protocol, unrouted: UnroutedAnswers) -> Non
             scope[PARSER_REFUSAL] = (status, code)
         if not client_gone:
             body = render_error(error)
+            origin = request.headers.get("origin") if in_request else _origin_in_head(protocol)
             headers: list[tuple[bytes, Any]] = [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
                 (b"x-request-id", request.request_id.encode("latin-1")),
                 (b"connection", b"close"),
+                # a browser script reads the refusal only with these, as every route's (helper-117)
+                *((name.encode(), value.encode("latin-1")) for name, value in cors_headers(origin)),
                 *protocol.config.response_headers("h11"),
             ]
             await protocol._send_h11_event(h11.Response(status_code=status_code, headers=headers))

@@ -857,6 +857,14 @@ async def test_the_http_parsers_refusals_carry_the_error_body_an_id_and_an_acces
         answer = await _read_until_closed(stream)
     assert answer.startswith(b"HTTP/1.1 400") and b"\r\nx-request-id: broken-1\r\n" in answer, answer[:300]
     assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"] == "bad_request"
+    # A browser script reads these only with CORS, as every route's answers (helper-117): a
+    # head the parser read, and one refused unparsed for its size whose Origin had arrived.
+    assert b"\r\naccess-control-allow-origin: https://acme.com\r\n" in answer.lower()
+    async with await _open(server) as stream:
+        await stream.send_all(b"POST /v1/events HTTP/1.1\r\nHost: x\r\nOrigin: https://acme.com\r\n"
+                              b"X-Request-ID: " + b"r" * 70_000 + b"\r\n\r\n")
+        answer = await _read_until_closed(stream)
+    assert answer.startswith(b"HTTP/1.1 431") and b"\r\naccess-control-allow-origin: https://acme.com\r\n" in answer.lower()
     # The route's access line says what was answered, under the id answered (helper-90: it
     # said 499 client_closed, and a minted id differed from the one the client got).
     async with await _open(server) as stream:
