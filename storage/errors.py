@@ -19,11 +19,29 @@ UNREADABLE_RECORD = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
 
 
 class StorageError(Exception):
-    """Storage cannot serve: the caller answers 503 storage_unavailable."""
+    """Storage cannot serve: the caller answers 503 storage_unavailable.
+
+    `for_client`: what the 503 may tell a client, when the message (for the
+    operator's log) says more than anyone holding a public key should learn.
+    """
+
+    def __init__(self, message: str = "", *, for_client: str | None = None) -> None:
+        super().__init__(message)
+        self.for_client = message if for_client is None else for_client
 
 
 class StorageFull(StorageError):
     """A commit failed for lack of space (map cannot grow or disk full)."""
+
+
+def map_at_cap(storage_max_map_size: int, detail: str = "") -> StorageFull:
+    """The map is full and at `max_map_size_mb`: the operator is told which setting
+    (helper-114: with 76 GB free on the disk, "the data directory is full" sent
+    them to `df`)."""
+    said = f"the data directory is full{detail}"
+    cap_mb = storage_max_map_size // (1024 * 1024)
+    return StorageFull(f"{said}: its LMDB map is at max_map_size_mb ({cap_mb}); raise it, or let retention"
+                       " make room", for_client=said)
 
 
 class WriterBusy(StorageError):
@@ -78,7 +96,9 @@ def storage_error(exc: lmdb.Error, path: str | None = None) -> StorageError:
     if not is_full(exc, path):
         return StorageError(message)
     if "Input/output error" in message:
-        message = f"{message}: the disk holding {path} is full (a write came up short)"
+        # (the path is the operator's: a website key is public, helper-114)
+        return StorageFull(f"{message}: the disk holding {path} is full (a write came up short)",
+                           for_client=f"{message}: the disk holding the data directory is full")
     return StorageFull(message)
 
 

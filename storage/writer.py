@@ -27,7 +27,7 @@ import msgspec
 import trio
 
 from storage.env import Storage
-from storage.errors import StorageError, StorageFull, WriterBusy, storage_error
+from storage.errors import StorageError, WriterBusy, map_at_cap, storage_error
 from storage.outbox import NEXT_SEQ, Appended
 from storage.throttled_log import ThrottledLog
 
@@ -103,7 +103,7 @@ class WriterStatistics(msgspec.Struct, frozen=True):
     map_adoptions: int
 
 
-KEPT_FOR_RETENTION = "the data directory is full (the last pages are kept for retention)"
+KEPT_FOR_RETENTION = " (the last pages are kept for retention)"
 
 
 class _ReserveReached(Exception):
@@ -257,7 +257,7 @@ class GroupCommitWriter:
             except lmdb.MapFullError:
                 if self._grow():
                     continue
-                self._fail(pending, StorageFull("the data directory is full"))
+                self._fail(pending, map_at_cap(self.storage.max_map_size))
                 return
             except lmdb.Error as exc:
                 error = storage_error(exc, str(self.storage.path))
@@ -271,7 +271,7 @@ class GroupCommitWriter:
                 for ticket in reached.tickets:
                     pending.remove(ticket)
                     ticket.result = None
-                    ticket.error = StorageFull(KEPT_FOR_RETENTION)
+                    ticket.error = map_at_cap(self.storage.max_map_size, KEPT_FOR_RETENTION)
                 self._deliver(reached.tickets)
                 continue
             if isinstance(outcome, _Ticket):
@@ -312,7 +312,7 @@ class GroupCommitWriter:
             for ticket in pending:
                 ticket.result = ticket.error = None
                 if ticket in kept_out:
-                    ticket.error = StorageFull(KEPT_FOR_RETENTION)
+                    ticket.error = map_at_cap(self.storage.max_map_size, KEPT_FOR_RETENTION)
                     continue
                 try:
                     ticket.result = ticket.job.run(ctx)
@@ -450,7 +450,7 @@ def run_job_now(storage: Storage, job: WriteJob, *, now_ms: int | None = None) -
         except lmdb.MapFullError:
             txn.abort()
             if not storage.grow():
-                raise StorageFull("the data directory is full") from None
+                raise map_at_cap(storage.max_map_size) from None
         except lmdb.MapResizedError:
             txn.abort()
             storage.adopt_map_size()

@@ -236,7 +236,7 @@ def make_write_handler(
         except (WriterBusy, StorageError) as exc:
             # The access line says 503 storage_unavailable; this says why.
             _storage_unavailable("storage unavailable on %s: %s", route, exc, cause=f"{route} {exc}")
-            unavailable = ServiceError("storage_unavailable", f"nothing was stored ({exc}); {retry_hint}")
+            unavailable = ServiceError("storage_unavailable", f"nothing was stored ({exc.for_client}); {retry_hint}")
             status, answer, error_code = unavailable.status, render_error(unavailable), unavailable.code
             headers.extend(unavailable.response_headers().items())
         except trio.Cancelled:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import resource
 import subprocess
@@ -44,6 +45,7 @@ async def test_disk_full_then_space_returns(nursery: trio.Nursery, small_disk: P
     assert refused.json()["error"] == "storage_unavailable"
     # said as a full disk, whether LMDB saw ENOSPC or a short write (EIO: helper-98)
     assert "No space left" in refused.json()["message"] or "is full" in refused.json()["message"], refused.text
+    assert str(small_disk) not in refused.text  # the server's paths are the operator's (helper-114)
     assert (await server.client.get("/healthz")).status_code == 200
     assert (await server.client.get("/readyz")).status_code == 503
     filler.unlink()
@@ -56,18 +58,22 @@ async def test_disk_full_then_space_returns(nursery: trio.Nursery, small_disk: P
 
 
 async def test_a_map_at_its_cap_is_not_ready_and_is_not_counted_as_growth(
-    nursery: trio.Nursery, tmp_path: Path
+    nursery: trio.Nursery, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The disk has room, but the map may not grow past max_map_size_mb: every commit fails.
     server = await start_server(nursery, tmp_path, map_size_mb=1, max_map_size_mb=1)
     events = [pageview(f"cap-{i}", type="custom", name="n", label="x" * 4000) for i in range(25)]
     status = 202
-    for batch in range(40):
-        batch_events = [dict(e, _eid=f"{e['_eid']}-{batch}") for e in events]
-        status = (await server.client.post("/v1/events", json={"events": batch_events}, headers=H)).status_code
-        if status == 503:
-            break
+    with caplog.at_level(logging.WARNING):
+        for batch in range(40):
+            batch_events = [dict(e, _eid=f"{e['_eid']}-{batch}") for e in events]
+            refused = await server.client.post("/v1/events", json={"events": batch_events}, headers=H)
+            if (status := refused.status_code) == 503:
+                break
     assert status == 503
+    assert "the data directory is full" in refused.json()["message"], refused.text
+    # the operator is told which setting (helper-114: with room on the disk, "full" sent them to df)
+    assert "its LMDB map is at max_map_size_mb (1)" in caplog.text, caplog.text
     ready = await server.client.get("/readyz")
     assert ready.status_code == 503, ready.text
     metrics = (await server.client.get("/metrics")).text
