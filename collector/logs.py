@@ -10,6 +10,7 @@ from collections.abc import Callable
 import msgspec
 
 from collector.log_sink import PIPE_BUF, stderr_sink
+from storage.throttled_log import Throttle
 
 _encoder = msgspec.json.Encoder()
 _process_fields: dict[str, object] = {}  # on every line (configure_logging)
@@ -89,24 +90,13 @@ class OncePerMinute(logging.Filter):
 
     def __init__(self, every_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
-        self._every_s = every_s
-        self._clock = clock
-        self._last: dict[str, float] = {}
-        self._held: dict[str, int] = {}
+        self._throttle = Throttle(clock, every_s=every_s)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        key, now = str(record.msg), self._clock()
-        last = self._last.get(key)
-        if last is not None and now - last < self._every_s:
-            self._held[key] = self._held.get(key, 0) + 1
-            return False
-        if len(self._last) > 256:  # (messages are few; never let them grow without end)
-            self._last.clear()
-        self._last[key] = now
-        held = self._held.pop(key, 0)
+        held = self._throttle.admit(str(record.msg))
         if held:
             record.msg = f"{record.msg} ({held} more like it since the last one were not logged)"
-        return True
+        return held is not None
 
 
 class SinkHandler(logging.Handler):

@@ -84,10 +84,10 @@ from collector.http.asgi import CUT_BY_TIMEOUT, request_id_for
 from collector.http.headers import cors_headers
 from collector.http.parse_errors import answer_parse_errors
 from collector.http.unrouted import UNRECORDED, UnroutedAnswers, stand_in_request
+from storage.throttled_log import Throttle
 
 log = logging.getLogger("collector.http")
 
-LOG_EVERY_S = 60.0
 CLOSE_AFTER_SEND_S = 5.0  # how long closing waits for a response still being written
 REFUSE_WRITE_S = 1.0  # how long a connection over a cap may take to be told so
 REFUSE_HEAD_WAIT_S = 0.5  # and to send its request head first (a client sends it at once)
@@ -110,9 +110,7 @@ class ConnectionGuard:
     ) -> None:
         self._handler = handler
         self._count = count
-        self._clock = clock
-        self._last_logged: float | None = None
-        self._unlogged = 0
+        self._throttle = Throttle(clock)
 
     async def __call__(self, stream: trio.SocketStream) -> None:
         try:
@@ -125,19 +123,17 @@ class ConnectionGuard:
         while isinstance(cause, BaseExceptionGroup) and len(cause.exceptions) == 1:
             cause = cause.exceptions[0]  # hypercorn's task groups wrap what they raise
         self._count(type(cause).__name__)
-        now = self._clock()
-        if self._last_logged is not None and now - self._last_logged < LOG_EVERY_S:
-            self._unlogged += 1
-            return
-        unlogged, self._unlogged, self._last_logged = self._unlogged, 0, now
         # Where it failed, and what, but not the exception's message: hypercorn's and
         # h11's carry the request they failed on, headers and all (helper-109: an API
         # key, a signature and a stream token were written to the log).
+        held = self._throttle.admit()
+        if held is None:
+            return
         where = "".join(traceback.format_tb(cause.__traceback__))
         log.warning(
             "a connection ended on an error in the HTTP layer; the server goes on"
             " (%d more since the last such message)",
-            unlogged,
+            held,
             extra={"fields": {"exc": f"{where}{type(cause).__module__}.{type(cause).__qualname__}"
                                      " (its message is not logged: it may hold the request)"}},
         )
