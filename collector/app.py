@@ -424,7 +424,7 @@ async def serve(
             await trio.to_thread.run_sync(prepare_data_dir, storage, settings, int(clock() * 1000))
         services = build_services(settings, storage, clock, worker_index=worker_index, steady=steady)
         # a trusted proxy's resets are its clients' (no reset budget of its own, as no connection cap)
-        h2_protocol.exempt_peers = services.proxies.trusted if services.proxies else h2_protocol.no_peer
+        h2_protocol.exempt_peers = services.proxies.trusted if services.proxies else h2_protocol.no_exempt_peer
         app = build_asgi(services)
         async with trio.open_nursery() as outer:
             await outer.start(services.writer.run)

@@ -82,11 +82,11 @@ def _reset_budget_of(client: tuple[str, int] | None) -> str:
 
 # Peers that carry many clients (trusted_proxies; set by serve): their resets are their
 # clients', and one budget for all of them cut every client's connection (helper-113).
-def no_peer(address: str) -> bool:
+def no_exempt_peer(address: str) -> bool:
     return False
 
 
-exempt_peers: Callable[[str], bool] = no_peer
+exempt_peers: Callable[[str], bool] = no_exempt_peer
 
 
 def _exempt(client: tuple[str, int] | None) -> bool:
@@ -118,7 +118,7 @@ class CollectorH2Protocol(H2Protocol):
         # hypercorn's own GOAWAY (at keep_alive_max_requests): must not close h2's side even
         # for the moment it awaits sending it, or a stream answering then loses its answer
         self._send_goaway_and_close = connection.close_connection
-        connection.close_connection = self._send_goaway  # type: ignore[method-assign]
+        connection.close_connection = self._close_connection_asked  # type: ignore[method-assign]
 
     def _receive_goaway(self, frame: Frame) -> tuple[list[Frame], list[h2.events.Event]]:
         assert isinstance(frame, GoAwayFrame)
@@ -129,10 +129,10 @@ class CollectorH2Protocol(H2Protocol):
             return self._close_on_goaway(frame)  # h2's own: the connection ends now
         # The client opens no more streams; this connection lives until those open are
         # answered (no ConnectionTerminated event: hypercorn would end it at once).
-        self._go_away_after(self.connection.highest_inbound_stream_id)
+        self._take_streams_up_to(self.connection.highest_inbound_stream_id)
         return [], []
 
-    def _go_away_after(self, last_stream_id: int) -> None:
+    def _take_streams_up_to(self, last_stream_id: int) -> None:
         if self._going_away_after is None:
             self._going_away_after = last_stream_id
 
@@ -177,18 +177,21 @@ class CollectorH2Protocol(H2Protocol):
         await self._flush()
         await self.send(Closed())
 
-    def _send_goaway(
+    def _close_connection_asked(
         self, error_code: int = 0, additional_data: bytes | None = None, last_stream_id: int | None = None
     ) -> None:
+        """hypercorn asked h2 to close: a GOAWAY that closes now, or one that lets the
+        open streams finish, or nothing when one said so already."""
         connection = self.connection
         in_flight = self.streams or connection.open_inbound_streams
         if error_code != h2.errors.ErrorCodes.NO_ERROR or not in_flight:
+            self._gone = True  # final: nothing read after it draws h2's PROTOCOL_ERROR (helper-116)
             self._send_goaway_and_close(error_code, additional_data, last_stream_id)
         elif self._going_away_after is None:
             state = connection.state_machine.state
             self._send_goaway_and_close(error_code, additional_data, last_stream_id)
             connection.state_machine.state = state
-            self._go_away_after(connection.highest_inbound_stream_id if last_stream_id is None else last_stream_id)
+            self._take_streams_up_to(connection.highest_inbound_stream_id if last_stream_id is None else last_stream_id)
         # (else: one GOAWAY said it already)
 
     def _refuse_stream_after_goaway(self, stream_id: int) -> None:
