@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 import msgspec
 
 from collector.access.tenants import TenantsFileError
+from collector.logs import safe_json_text
 from collector.settings import Settings, SettingsError, load_settings
 from storage.env import Storage
 from storage.errors import StorageError
@@ -257,15 +258,11 @@ def cmd_stream_token_mint(args: argparse.Namespace) -> int:
     return 0
 
 
-# The line breaks of str.splitlines that JSON lets stand raw in a string (it escapes the others).
-_LINE_BREAKS_JSON_ALLOWS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
-
-
 def _print_line(line: str) -> None:
-    """One JSON line on stdout, with the line breaks JSON lets stand raw in a string
-    escaped: a reader splitting lines the Unicode way (str.splitlines) would cut the
-    record in pieces (helper-107: replay dump and visitors show wrote them raw)."""
-    sys.stdout.write(line.translate(_LINE_BREAKS_JSON_ALLOWS) + "\n")
+    """One JSON line on stdout, escaped as log lines are (logs.safe_json_text): a reader
+    splitting lines the Unicode way (str.splitlines) would cut the record in pieces
+    (helper-107: replay dump and visitors show wrote U+2028 raw), and a terminal obeys C1."""
+    sys.stdout.write(safe_json_text(line) + "\n")
 
 
 def _print_json(value: object) -> None:

@@ -80,7 +80,14 @@ def _middle(value: str, keep: int) -> str:
 
 
 def _encode(value: object) -> str:
-    return _encoder.encode(value).decode().translate(_ESCAPED)
+    return safe_json_text(_encoder.encode(value).decode())
+
+
+def safe_json_text(text: str) -> str:
+    """JSON text with what JSON lets stand raw in a string escaped (DEL, the C1
+    controls, U+2028/U+2029): the same JSON, safe on a terminal and in a reader
+    that splits lines the Unicode way."""
+    return text.translate(_ESCAPED)
 
 
 class OncePerMinute(logging.Filter):
