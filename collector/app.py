@@ -69,6 +69,7 @@ from collector.services import Services, wall_clock
 from collector.settings import Settings, SettingsError, load_cidrs
 from collector.signals.projection import VisitorProjection
 from collector.tenants_admin import import_tenants, imported_term_notes, settle_account_suspension
+from collector.version import version
 from storage.age_clock import (
     ANCHOR_KEY,
     AgeClock,
@@ -238,6 +239,7 @@ def _stored_gauges(services: Services) -> Iterator[GaugeMetricFamily]:
 def _process_gauges(services: Services) -> Iterator[Metric]:
     # per process: under `serve --workers N` every worker's, labelled worker="I" (collector/metrics_share.py)
     yield gauge("collector_worker_index", "Index of this worker process (0-based)", services.worker_index)
+    yield gauge("collector_build_info", "The collector version this process runs (always 1)", 1, {"version": version()})
     # each process's own view of the map: a worker adopts another's growth at its next transaction
     map_size, used = services.storage.usage()
     yield gauge("collector_lmdb_map_size_bytes", "LMDB map size as this process has it mapped", map_size)
@@ -468,7 +470,7 @@ async def serve(
                     defer_stop_signals()
                 for url in binds:
                     announce_listening(url)
-                log.info("listening on %s", ", ".join(binds))
+                log.info("listening on %s", ", ".join(binds), extra={"fields": _start_facts(settings, storage)})
                 systemd.notify(f"READY=1\nSTATUS=listening on {', '.join(binds)}")
                 interval = systemd.watchdog_interval()
                 if interval:
@@ -584,6 +586,17 @@ async def _serve_http(
             deadline_watch.cancel_scope.cancel()
         await lifespan.wait_for_shutdown()
         lifespan_nursery.cancel_scope.cancel()
+
+
+def _start_facts(settings: Settings, storage: Storage) -> dict[str, object]:
+    """What an operator reading the start line needs: what runs, where, with how many keys."""
+    with storage.read() as txn:
+        keys = txn.stat(storage.dbs.keys)["entries"]
+    if not keys and settings.production:
+        log.warning("no API keys are imported: every request will be refused 401; import a tenants file"
+                    " (`collector tenants import FILE`, or `serve --tenants FILE`)")
+    return {"version": version(), "env": settings.env.value, "dataDir": str(storage.path.resolve()), "keys": keys,
+            "workers": settings.workers}
 
 
 def _connection_caps(settings: Settings) -> dict[str, int]:

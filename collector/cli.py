@@ -21,6 +21,7 @@ import msgspec
 from collector.access.tenants import TenantsFileError
 from collector.logs import safe_json_text
 from collector.settings import Settings, SettingsError, load_settings
+from collector.version import version
 from storage.env import Storage
 from storage.errors import StorageError
 
@@ -544,6 +545,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="collector", description="Self-hosted event collector")
+    parser.add_argument("--version", action="version", version=f"collector {version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     serve = commands.add_parser("serve", help="serve HTTP and WebSocket")

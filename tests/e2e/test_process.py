@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -950,3 +951,30 @@ def test_under_a_small_descriptor_limit_connections_past_the_cap_get_503_not_emf
         proc.wait(timeout=15)
     text = log.read_text()
     assert "leaves room for only 32 connections" in text and "EMFILE" not in text, text[-2000:]
+
+
+def test_the_version_is_told_by_the_cli_the_start_line_and_metrics_and_a_keyless_start_warns(tmp_path: Path) -> None:
+    # helper-119: no version anywhere (`collector --version` was "a command is required"),
+    # a start line of "listening on" alone, and a production start with no keys said nothing.
+    said = subprocess.run([sys.executable, "-m", "collector", "--version"], capture_output=True, text=True, check=True)
+    version = said.stdout.strip().removeprefix("collector ")
+    assert re.fullmatch(r"\d+\.\d+\.\d+(\+g[0-9a-f]{12})?", version), said.stdout
+    log = tmp_path / "serve.log"
+    with log.open("w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "collector", "serve", "--bind", "127.0.0.1:0", "--data-dir", str(tmp_path / "data")],
+            stdout=subprocess.PIPE, stderr=stderr, text=True,
+        )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().split("listening on ")[1].strip()
+        metrics = httpx.get(url + "/metrics").text
+        assert f'collector_build_info{{version="{version}"}} 1.0' in metrics
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    start = next(record for record in records if record["msg"].startswith("listening on"))
+    assert (start["version"], start["env"], start["keys"]) == (version, "production", 0), start
+    assert start["dataDir"] == str((tmp_path / "data").resolve())
+    assert any("no API keys are imported" in record["msg"] and record["level"] == "warning" for record in records)
