@@ -216,10 +216,12 @@ def cmd_tenants_import(args: argparse.Namespace) -> int:
 
     parse_tenants_file(data)  # a file that fails to parse creates no data directory either
     with _storage(args, create=True) as storage:
-        records = import_tenants(storage, data)
-        for record in records:
-            print(one_line(f"imported {record.key} clientId={record.clientId} keyType={record.key_type}"))
-        notes = imported_term_notes(storage, records)
+        imported = import_tenants(storage, data)
+        for record in imported.records:
+            # (a revoked key stays revoked: serve --tenants imports its file at every start)
+            still = f" (revoked at {record.revokedAt}: it stays revoked)" if record.revokedAt else ""
+            print(one_line(f"imported {record.key} clientId={record.clientId} keyType={record.key_type}{still}"))
+        notes = [*imported.term_changes, *imported_term_notes(storage, imported.records)]
     for note in notes:
         print(one_line(f"collector: note: {note}"), file=sys.stderr)
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import msgspec
@@ -33,7 +34,13 @@ class KeyAdminError(ValueError):
     """The operator asked for something the key rules forbid; nothing changed."""
 
 
-def import_tenants(storage: Storage, data: bytes) -> list[KeyRecord]:
+@dataclass(frozen=True)
+class ImportedTenants:
+    records: list[KeyRecord]  # the file's keys as stored (a revoked one still revoked)
+    term_changes: list[str]  # a billing account whose terms this import changed, each said once
+
+
+def import_tenants(storage: Storage, data: bytes) -> ImportedTenants:
     """Validate the whole file first, then upsert every key in one transaction.
 
     In the same transaction every key of each billing account the import
@@ -52,11 +59,13 @@ def import_tenants(storage: Storage, data: bytes) -> list[KeyRecord]:
     records = parse_tenants_file(data)
     moved: dict[str, str] = {}
     period = time.strftime("%Y-%m", time.gmtime())
+    outcome = ImportedTenants([], [])
 
     def update(stored: dict[str, bytes]) -> dict[str, bytes]:
         # A stored record that does not decode is left as it is (`collector
         # check` lists it), unless the file names its key and so replaces it.
         merged = {key: record for key, raw in stored.items() if (record := _readable(raw)) is not None}
+        before = _account_terms(merged.values())
         touched = {merged[r.key].billing_account for r in records if r.key in merged}
         changed = {record.key for record in records}
         for record in records:
@@ -76,10 +85,16 @@ def import_tenants(storage: Storage, data: bytes) -> list[KeyRecord]:
         members = _by_account(merged.values(), touched)
         for account in touched:
             changed |= _apply_account_terms(merged, account, members.get(account, []), named.get(account, []))
+        after = _account_terms(merged[key] for key in changed)
+        outcome.records[:] = [merged[record.key] for record in records]
+        outcome.term_changes[:] = [
+            _term_change(account, before[account], after[account])
+            for account in sorted(after) if account in before and before[account] != after[account]
+        ]
         return {key: encode_record(merged[key]) for key in changed}
 
     key_store.update_keys(storage, update, lambda: moved)
-    return records
+    return outcome
 
 
 def settle_account_suspension(storage: Storage) -> None:
@@ -175,6 +190,34 @@ def _apply_account_terms(
             )
             changed.add(record.key)
     return changed
+
+
+_Terms = tuple[object, bool, object, bool]  # contract, overage, plan, suspended
+
+
+def _account_terms(records: Iterable[KeyRecord]) -> dict[str, _Terms]:
+    """Each billing account's settled terms, as its first live key with them holds them."""
+    terms: dict[str, _Terms] = {}
+    for r in records:
+        if r.accountTerms and not r.revokedAt and r.billing_account not in terms:
+            contract = _json.encode(r.accountContract).decode() if r.accountContract is not None else "none"
+            plan = r.accountPlan.value if r.accountPlan is not None else "unset"
+            terms[r.billing_account] = (contract, r.accountOverage, plan, r.accountSuspended)
+    return terms
+
+
+def _term_change(account: str, before: _Terms, after: _Terms) -> str:
+    """What an import changed of an account's terms (helper-119: a file naming only some
+    of an account's keys, with no contract, dropped its contract without a word)."""
+    names = ("contract", "overage", "plan", "suspended")
+    said = ", ".join(f"{name} {_said(old)} -> {_said(new)}"
+                     for name, old, new in zip(names, before, after, strict=True) if old != new)
+    return (f"billing account {account!r}'s terms change: {said} (the file's keys of an account decide its"
+            " terms, for every key of it; `serve --tenants` imports its file again at each start)")
+
+
+def _said(value: object) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
 def _any_paid(records: list[KeyRecord]) -> Plan:

@@ -124,6 +124,22 @@ def test_cli_tenants_import_list_and_errors(tmp_path: Path) -> None:
         {"key": "cs_live_betaclient", "clientId": "beta", "billingAccount": "agency"}]}))
     noted = run_cli("tenants", "import", str(shared), data_dir=data_dir)
     assert "billing account 'agency' is also client 'agency''s own account: clients agency, beta" in noted.stderr
+    # a file naming only some of an account's keys, with no contract, drops the account's
+    # contract: said (helper-119: silent, and `serve --tenants` flipped it back at each start)
+    contracted = tmp_path / "contracted.json"
+    contracted.write_text(json.dumps({"keys": [{"key": "cs_live_terms00000", "clientId": "terms",
+                                                "contract": {"monthlyPageviews": 50_000_000}}]}))
+    assert "terms change" not in run_cli("tenants", "import", str(contracted), data_dir=data_dir).stderr
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps({"keys": [{"key": "cs_mob_live_terms0", "clientId": "terms", "plan": "paid"}]}))
+    changed = run_cli("tenants", "import", str(partial), data_dir=data_dir)
+    assert ("billing account 'terms''s terms change: contract {\"monthlyPageviews\":50000000} -> none,"
+            " plan free -> paid") in changed.stderr, changed.stderr
+    # a revoked key imported again stays revoked, and says so
+    run_cli("keys", "revoke", "cs_mob_live_terms0", data_dir=data_dir)
+    again = run_cli("tenants", "import", str(partial), data_dir=data_dir).stdout
+    assert again.startswith("imported cs_mob_live_terms0 clientId=terms ") and " (revoked at " in again
+    assert again.rstrip().endswith(": it stays revoked)"), again
     # every command takes the service's --config (helper-98: import, revoke and mint refused it)
     config = tmp_path / "collector.toml"
     config.write_text(f'data_dir = "{data_dir}"\n')
