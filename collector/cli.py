@@ -20,7 +20,7 @@ import msgspec
 
 from collector.access.tenants import TenantsFileError
 from collector.logs import safe_json_text
-from collector.settings import Settings, SettingsError, load_settings
+from collector.settings import Settings, SettingsError, load_settings, unknown_environment
 from collector.version import version
 from storage.env import Storage
 from storage.errors import StorageError
@@ -46,6 +46,8 @@ def _settings_from(args: argparse.Namespace) -> Settings:
         flags["demo_tenant"] = True
     if getattr(args, "no_access_log", False):
         flags["access_log"] = False
+    for note in unknown_environment(os.environ):
+        print(one_line(f"collector: note: {note}"), file=sys.stderr)
     return load_settings(flags, config_file=getattr(args, "config", None))
 
 

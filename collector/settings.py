@@ -6,6 +6,7 @@ keys), then `COLLECTOR_<NAME>` environment variables, then the defaults below.
 
 from __future__ import annotations
 
+import difflib
 import enum
 import ipaddress
 import os
@@ -101,6 +102,20 @@ FIELDS = frozenset(Settings.__struct_fields__)
 
 class SettingsError(ValueError):
     """The settings cannot be used; the message names the field."""
+
+
+def unknown_environment(environ: Mapping[str, str]) -> list[str]:
+    """A note for each COLLECTOR_* variable that is no setting, which is ignored (helper-119:
+    a misspelt COLLECTOR_DATADIR in the unit's env file left the data directory ./data,
+    relative to systemd's working directory /, and nothing said why)."""
+    known = {f"COLLECTOR_{name.upper()}" for name in FIELDS}
+    notes = []
+    for variable in sorted(environ):
+        if variable.startswith("COLLECTOR_") and variable not in known:
+            close = difflib.get_close_matches(variable.removeprefix("COLLECTOR_").lower(), FIELDS, n=1)
+            hint = f" (did you mean COLLECTOR_{close[0].upper()}?)" if close else ""
+            notes.append(f"environment variable {variable} is not a setting and is ignored{hint}")
+    return notes
 
 
 def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:

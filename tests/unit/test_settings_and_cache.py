@@ -10,7 +10,7 @@ import pytest
 from collector.access.keycache import KeyCache
 from collector.errors import ServiceError
 from collector.fieldkeys import KeyFileError, load_or_create
-from collector.settings import SettingsError, load_settings
+from collector.settings import SettingsError, load_settings, unknown_environment
 from collector.tenants_admin import import_tenants, revoke_key
 from storage.env import Storage
 
@@ -75,6 +75,16 @@ def test_key_cache_ttls_and_unreadable_store(tmp_path: Path) -> None:
         cache.lookup("cs_live_new0000000")
     assert info.value.code == "service_unavailable"
     assert info.value.response_headers()["Retry-After"] == "5"
+
+
+def test_a_collector_variable_that_is_no_setting_is_noted_with_the_likely_one() -> None:
+    # helper-119: COLLECTOR_DATADIR (misspelt) in the unit's env file was ignored without a word
+    notes = unknown_environment({"COLLECTOR_DATADIR": "/srv", "COLLECTOR_BOGUS": "1", "COLLECTOR_WORKERS": "2",
+                                 "PATH": "/bin"})
+    assert notes == [
+        "environment variable COLLECTOR_BOGUS is not a setting and is ignored",
+        "environment variable COLLECTOR_DATADIR is not a setting and is ignored (did you mean COLLECTOR_DATA_DIR?)",
+    ]
 
 
 def test_a_key_no_import_could_hold_is_unknown_and_never_cached(tmp_path: Path) -> None:
