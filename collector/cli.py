@@ -33,7 +33,9 @@ class UsageError(Exception):
 
 
 def _data_dir_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", dest="data_dir", default=None, help="the data directory")
+    parser.add_argument(
+        "--data-dir", dest="data_dir", default=None, help="the data directory (default $COLLECTOR_DATA_DIR, else ./data)"
+    )
     # Every command reads the settings the service does (its data_dir, map sizes,
     # field_key_file): some refused --config and so could not find the directory.
     parser.add_argument("--config", default=None, help="a TOML file with the service's settings")
@@ -211,7 +213,7 @@ def cmd_tenants_import(args: argparse.Namespace) -> int:
     from collector.tenants_admin import import_tenants, imported_term_notes
 
     try:
-        data = Path(args.file).read_bytes()
+        data = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
     except OSError as exc:
         raise UsageError(f"cannot read {args.file}: {exc.strerror}") from None
     from collector.access.tenants import parse_tenants_file
@@ -565,7 +567,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tenants = commands.add_parser("tenants", help="tenant keys").add_subparsers(dest="sub", required=True)
     t_import = tenants.add_parser("import", help="upsert every key in FILE")
-    t_import.add_argument("file")
+    t_import.add_argument("file", help="a tenants file (JSON), or - for standard input")
     _data_dir_option(t_import)
     t_import.set_defaults(func=cmd_tenants_import)
     t_list = tenants.add_parser("list", help="one JSON object per key")

@@ -994,3 +994,11 @@ def test_the_version_is_told_by_the_cli_the_start_line_and_metrics_and_a_keyless
     assert (start["version"], start["env"], start["keys"]) == (version, "production", 0), start
     assert start["dataDir"] == str((tmp_path / "data").resolve())
     assert any("no API keys are imported" in record["msg"] and record["level"] == "warning" for record in records)
+
+
+def test_tenants_import_reads_standard_input_for_a_dash(tmp_path: Path) -> None:
+    # helper-119: `tenants import -` was "cannot read -"
+    record = {"keys": [{"key": "cs_live_stdin0000", "clientId": "piped"}]}
+    done = subprocess.run([sys.executable, "-m", "collector", "tenants", "import", "-", "--data-dir", str(tmp_path / "d")],
+                          input=json.dumps(record), capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "imported cs_live_stdin0000 clientId=piped keyType=browser\n"), done
