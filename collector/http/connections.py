@@ -68,6 +68,7 @@ import traceback
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+import h2.errors
 import h2.exceptions
 import h11
 import trio
@@ -77,6 +78,7 @@ from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol.h2 import H2Protocol
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
+from hyperframe.frame import GoAwayFrame, SettingsFrame
 
 import collector.http.h2_protocol  # noqa: F401  (hypercorn makes ours from then on)
 from collector.errors import ServiceError, render_error
@@ -209,6 +211,9 @@ class ConnectionLimits:
                         sent += data
             finally:
                 self._waiting_heads -= 1
+        if sent.startswith(HTTP2_PREFACE_START):
+            await self._refuse_http2(stream, which, why, started)
+            return
         fields = _head_fields(sent)
         body = render_error(ServiceError("service_unavailable", f"{why}: retry shortly"))
         headers = [
@@ -225,6 +230,24 @@ class ConnectionLimits:
         self._unrouted.record(request, "connection_cap", 503, "service_unavailable", started)
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             await trio.aclose_forcefully(stream)
+
+
+    async def _refuse_http2(self, stream: trio.SocketStream, which: str, why: str, started: float) -> None:
+        """A prior-knowledge HTTP/2 client gets HTTP/2's refusal: GOAWAY, no stream taken
+        (helper-114: an HTTP/1.1 503 was a broken connection to it, with no reason). Over
+        the per-client cap it is ENHANCE_YOUR_CALM (it holds too many); over the total,
+        NO_ERROR (nothing of its doing: retry)."""
+        code = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM if which == "per_client" else h2.errors.ErrorCodes.NO_ERROR
+        goaway = GoAwayFrame(0, last_stream_id=0, error_code=code, additional_data=f"{why}: retry shortly".encode())
+        with trio.move_on_after(REFUSE_WRITE_S), contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await stream.send_all(SettingsFrame(0).serialize() + goaway.serialize())
+        self._unrouted.record(stand_in_request("PRI", "*", request_id_for("")), "connection_cap", 503,
+                              "service_unavailable", started)
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await trio.aclose_forcefully(stream)
+
+
+HTTP2_PREFACE_START = b"PRI * HTTP/2.0\r\n\r\n"
 
 
 def _head_fields(sent: bytes) -> dict[str, str]:

@@ -769,6 +769,20 @@ async def test_an_http2_client_that_closes_at_once_gives_its_connection_back(
     assert "collector_connections_open 1.0" in (await server.client.get("/metrics")).text
 
 
+def _h2_refusal(base_url: str) -> tuple[int, int, bytes] | None:
+    """A prior-knowledge HTTP/2 GET; the server's GOAWAY (code, last stream, debug data)."""
+    with h2_client(base_url) as (sock, conn):
+        conn.send_headers(1, [(":method", "GET"), (":path", "/healthz"), (":authority", "x"), (":scheme", "http")],
+                          end_stream=True)
+        sock.sendall(conn.data_to_send())
+        with contextlib.suppress(ConnectionResetError):
+            while data := sock.recv(65536):
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.ConnectionTerminated):
+                        return event.error_code, event.last_stream_id, event.additional_data
+    return None
+
+
 async def test_connections_over_a_cap_are_told_503_at_once(
     nursery: trio.Nursery, tmp_path: Path, access_lines: Callable[[], list[dict[str, Any]]]
 ) -> None:
@@ -789,6 +803,11 @@ async def test_connections_over_a_cap_are_told_503_at_once(
         assert b"Access-Control-Allow-Origin: https://acme.com" in head
         assert json.loads(body)["error"] == "service_unavailable"
         assert b"as many connections as one client may" in body
+        # a prior-knowledge HTTP/2 client gets HTTP/2's refusal (helper-114: an HTTP/1.1 503
+        # was a broken connection to it)
+        assert await trio.to_thread.run_sync(_h2_refusal, server.base_url) == (
+            h2.errors.ErrorCodes.ENHANCE_YOUR_CALM, 0, b"this address holds as many connections as one client may:"
+            b" retry shortly")
         await held.pop().aclose()
         await trio.sleep(0.1)
         async with await _open(server) as again:  # a slot came back
@@ -797,10 +816,11 @@ async def test_connections_over_a_cap_are_told_503_at_once(
         for stream in held:
             await stream.aclose()
     metrics = (await server.client.get("/metrics")).text
-    assert 'collector_connections_refused_total{cap="per_client"} 1.0' in metrics
+    assert 'collector_connections_refused_total{cap="per_client"} 2.0' in metrics
     refused = [line for line in access_lines() if line["route"] == "connection_cap"]
-    assert [(line["status"], line["method"], line["requestId"]) for line in refused] == [(503, "GET", "mine-1")]
-    assert 'collector_requests_total{route="connection_cap",status="503"} 1.0' in metrics
+    assert [(line["status"], line["method"]) for line in refused] == [(503, "GET"), (503, "PRI")]
+    assert refused[0]["requestId"] == "mine-1"
+    assert 'collector_requests_total{route="connection_cap",status="503"} 2.0' in metrics
     assert "collector_connections_max 6.0" in metrics
 
 
