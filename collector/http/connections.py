@@ -369,6 +369,7 @@ class Connection(TCPServer):
     _http2_held_since: dict[int, float]  # HTTP/2 stream id -> when the stall check first found it held up
     _http2_next_check = -math.inf
     _head_began: float | None = None  # when the first byte of a request head not yet whole came
+    _header_block_began: float | None = None  # HTTP/2: when h2 began holding an unfinished header block
     _cut_peer: tuple[str, int] | None = None  # in CUT_BY_TIMEOUT while this connection lasts
     _reading_done = False
     _read_scope: trio.CancelScope | None = None
@@ -539,8 +540,23 @@ class Connection(TCPServer):
             return True
         return any(now - since[stream_id] >= self._request_timeout for stream_id in held)
 
+    def _note_header_block(self, now: float) -> None:
+        """HTTP/2 streams open once their header block ends (END_HEADERS): until then a
+        block begun and left unfinished held its buffered frames (up to 1 MB) on an
+        "idle" connection for keep_alive_timeout (75 s; helper-118). It is a request
+        arriving, bounded as an HTTP/1.1 head is."""
+        protocol = self.protocol.protocol
+        buffer = getattr(getattr(protocol, "connection", None), "incoming_buffer", None)
+        if buffer is not None and buffer._headers_buffer:
+            if self._header_block_began is None:
+                self._header_block_began = now
+        else:
+            self._header_block_began = None
+
     def _read_deadline(self) -> float:
         per_read = trio.current_time() + self.config.read_timeout if self.config.read_timeout else math.inf
+        if self._header_block_began is not None:
+            return min(per_read, self._header_block_began + self._request_timeout)
         if self._idle:
             if self._head_began is None:
                 return math.inf  # the idle task's keep_alive_timeout bounds the wait
@@ -586,7 +602,7 @@ class Connection(TCPServer):
             self._read_scope = None
             http2 = isinstance(self.protocol.protocol, H2Protocol)
             if scope.cancelled_caught:  # read_timeout or request_timeout inside a request
-                if http2 and not self._http2_checked_stalled():
+                if http2 and self._header_block_began is None and not self._http2_checked_stalled():
                     continue
                 await self._cut(http2)
                 break
@@ -601,6 +617,8 @@ class Connection(TCPServer):
             await self.protocol.handle(RawData(bytes(data)))
             if self._http1 and isinstance(self.protocol.protocol, H2Protocol):
                 self._taken_over_by_http2(self.protocol.protocol)
+            if http2 or not self._http1:
+                self._note_header_block(now)
             if data == b"":
                 break
         self._reading_done = True

@@ -43,6 +43,7 @@ import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
+import h2.frame_buffer
 import hypercorn.protocol
 import priority
 import trio
@@ -50,14 +51,34 @@ from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.events import StreamClosed
 from hypercorn.protocol.h2 import H2Protocol
-from hyperframe.frame import Frame, GoAwayFrame
+from hyperframe.frame import (
+    DataFrame,
+    ExtensionFrame,
+    Frame,
+    GoAwayFrame,
+    PingFrame,
+    PriorityFrame,
+    RstStreamFrame,
+    SettingsFrame,
+    WindowUpdateFrame,
+)
 
 from storage.throttled_log import ThrottledLog
 
 RESETS_BURST = 100  # streams a client may reset at once (a page navigated away from resets a few)
 RESETS_PER_S = 10.0  # and more each second
+# Frames that ask the server for work and open no stream (PING, SETTINGS, PRIORITY,
+# WINDOW_UPDATE, empty DATA, unknown types): a flood of them kept a core busy from one
+# connection (helper-118: 1.0 s of CPU a second). A connection may send this many at
+# once, and this many more a second; past that, GOAWAY ENHANCE_YOUR_CALM.
+CONTROL_FRAMES_BURST = 1000
+CONTROL_FRAMES_PER_S = 100.0
+# h2 holds a header block's frames until END_HEADERS: 64 of up to 16 KiB each (1 MB a
+# connection, helper-118) where a 64 KiB header list (hypercorn's limit) needs 5.
+h2.frame_buffer.CONTINUATION_BACKLOG = 8
 
 _rapid_reset = ThrottledLog(logging.getLogger("collector.http"), logging.WARNING)
+_flood = ThrottledLog(logging.getLogger("collector.http"), logging.WARNING)
 
 # Client address -> (resets it may still make, when that was counted); the oldest
 # addresses are forgotten past RESET_ADDRESSES (a forgotten one starts afresh).
@@ -119,6 +140,15 @@ class CollectorH2Protocol(H2Protocol):
         # for the moment it awaits sending it, or a stream answering then loses its answer
         self._send_goaway_and_close = connection.close_connection
         connection.close_connection = self._close_connection_asked  # type: ignore[method-assign]
+        self._control_left, self._control_counted_at = float(CONTROL_FRAMES_BURST), trio.current_time()
+        for frame_type in (PingFrame, SettingsFrame, PriorityFrame, WindowUpdateFrame, ExtensionFrame, DataFrame):
+            dispatch[frame_type] = self._counting_control_frames(dispatch[frame_type])
+        # Resets h2 sends itself, for a client's frame that broke a stream, come with no
+        # event when the stream had ended its request (DATA after END_STREAM): seen here.
+        self._prepare_for_sending = connection._prepare_for_sending
+        connection._prepare_for_sending = self._sending  # type: ignore[method-assign]
+        self._over_reset_allowance = False
+        self._reset_ids: set[int] = set()  # streams reset by the server: charged once, or our own
 
     def _receive_goaway(self, frame: Frame) -> tuple[list[Frame], list[h2.events.Event]]:
         assert isinstance(frame, GoAwayFrame)
@@ -150,13 +180,10 @@ class CollectorH2Protocol(H2Protocol):
                 self._refuse_stream_after_goaway(event.stream_id)
                 await self._flush()
             elif isinstance(event, h2.events.StreamReset):
-                # A reset the client made the server send (a WINDOW_UPDATE overflowing a
-                # stream's window, say) cancels a started route just as well: it spends the
-                # allowance too ("MadeYouReset", CVE-2025-8671: 20,000 such streams in 8 s
-                # took 6.6 s of CPU, helper-116). A stream already answered started nothing.
-                started = event.stream_id in self.streams
+                # (the server's own resets were counted as h2 sent them: _sending)
+                charged = event.remote_reset and event.stream_id in self.streams
                 await super()._handle_events([event])
-                if started and not _exempt(self.client) and not _may_reset(_reset_budget_of(self.client)):
+                if charged and not self._may_reset():
                     await self._calm_down()
                     return
                 await self._after_reset(event.stream_id)
@@ -195,8 +222,7 @@ class CollectorH2Protocol(H2Protocol):
         # (else: one GOAWAY said it already)
 
     def _refuse_stream_after_goaway(self, stream_id: int) -> None:
-        with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
-            self.connection.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+        self._reset_ourselves(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
 
     async def stream_send(self, event: StreamEvent) -> None:
         await super().stream_send(event)
@@ -220,6 +246,59 @@ class CollectorH2Protocol(H2Protocol):
         if isinstance(event, RawData) and self._gone:
             return  # (helper-113: a WINDOW_UPDATE read before the close drew GOAWAY PROTOCOL_ERROR)
         await super().handle(event)
+        if self._over_reset_allowance and not self._gone:
+            await self._calm_down()
+
+    def _may_reset(self) -> bool:
+        return _exempt(self.client) or _may_reset(_reset_budget_of(self.client))
+
+    def _sending(self, frames: list[Frame]) -> None:
+        """h2's way out for every frame: the first reset of a stream, which a frame of the
+        client's made h2 send, spends the client's allowance as its own reset would
+        ("MadeYouReset", CVE-2025-8671: a WINDOW_UPDATE overflowing a stream's window,
+        DATA after END_STREAM; 20,000 such streams in 8 s took 6.6 s of CPU, helpers 116
+        and 118; in one read the stream's route is not started yet, and starts anyway).
+        Later resets of the same stream (h2 answers each frame still arriving on it) and
+        the server's own resets (a late body, a stream after GOAWAY) spend nothing."""
+        for frame in frames:
+            if isinstance(frame, RstStreamFrame) and frame.stream_id not in self._reset_ids:
+                if len(self._reset_ids) > 10_000:
+                    self._reset_ids.clear()
+                self._reset_ids.add(frame.stream_id)
+                if not self._over_reset_allowance and not self._may_reset():
+                    self._over_reset_allowance = True  # (the rest of this read is not charged)
+        self._prepare_for_sending(frames)
+
+    def _reset_ourselves(self, stream_id: int, error_code: int) -> None:
+        self._reset_ids.add(stream_id)  # (not the client's doing)
+        with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+            self.connection.reset_stream(stream_id, error_code)
+
+    def _counting_control_frames(
+        self, receive: Callable[[Frame], tuple[list[Frame], list[h2.events.Event]]]
+    ) -> Callable[[Frame], tuple[list[Frame], list[h2.events.Event]]]:
+        def counted(frame: Frame) -> tuple[list[Frame], list[h2.events.Event]]:
+            if not isinstance(frame, DataFrame) or (not frame.data and "END_STREAM" not in frame.flags):
+                now = trio.current_time()
+                elapsed, self._control_counted_at = now - self._control_counted_at, now
+                self._control_left = min(float(CONTROL_FRAMES_BURST),
+                                         self._control_left + elapsed * CONTROL_FRAMES_PER_S) - 1
+                if self._control_left < 0 and not _exempt(self.client):
+                    _flood("HTTP/2 client %s sent frames that open no stream faster than %d a second:"
+                           " its connection was closed", self.client[0] if self.client else "-",
+                           CONTROL_FRAMES_PER_S, cause="control frame flood")
+                    # (h2 answers this error with GOAWAY ENHANCE_YOUR_CALM; hypercorn then closes)
+                    raise h2.exceptions.DenialOfServiceError("too many frames that open no stream")
+            return receive(frame)
+
+        return counted
+
+    async def _priority_updated(self, event: h2.events.PriorityUpdated) -> None:
+        """PRIORITY for a stream the server is not sending on is let be (RFC 9113 5.3.4 lets
+        a client name closed and idle ones): hypercorn kept each in its priority tree, which
+        ends the connection at its 1,000th (helper-118)."""
+        if event.stream_id in self.stream_buffers:
+            await super()._priority_updated(event)
 
     async def _after_reset(self, stream_id: int) -> None:
         """A stream the client reset. hypercorn keeps its send buffer, and a route waiting
@@ -244,8 +323,7 @@ class CollectorH2Protocol(H2Protocol):
                 connection.increment_flow_control_window(event.flow_controlled_length)
         if event.stream_id in self.stream_buffers:
             return  # its answer is still being sent: a reset now would discard it (RFC 9113 8.1)
-        with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
-            connection.reset_stream(event.stream_id, h2.errors.ErrorCodes.NO_ERROR)
+        self._reset_ourselves(event.stream_id, h2.errors.ErrorCodes.NO_ERROR)
 
 
 # hypercorn's protocol wrapper makes the HTTP/2 protocol by this name, for a prior-knowledge

@@ -21,7 +21,16 @@ import h2.exceptions
 import h2.settings
 import pytest
 import trio
-from hyperframe.frame import GoAwayFrame, WindowUpdateFrame
+from hyperframe.frame import (
+    ContinuationFrame,
+    DataFrame,
+    ExtensionFrame,
+    GoAwayFrame,
+    HeadersFrame,
+    PingFrame,
+    PriorityFrame,
+    WindowUpdateFrame,
+)
 
 from collector.http import access_log, h2_protocol
 from collector.log_sink import stderr_sink
@@ -362,9 +371,8 @@ def _h2_stall(base_url: str, how: str) -> float | None:
                 conn.ping(b"12345678")  # (one outstanding at a time: a read never waits for long)
                 sock.sendall(conn.data_to_send())
                 data = sock.recv(65536)
-                if not data:
+                if not data or any(isinstance(e, h2.events.ConnectionTerminated) for e in conn.receive_data(data)):
                     return time.monotonic() - started
-                conn.receive_data(data)
             while True:
                 try:
                     data = sock.recv(65536)
@@ -589,6 +597,110 @@ async def test_an_http2_client_making_the_server_reset_its_streams_is_cut_off(
     assert goaway in (None, h2.errors.ErrorCodes.NO_ERROR)
 
 
+def _h2_goaway_after(base_url: str, frames: Callable[[h2.connection.H2Connection], bytes]) -> int | None:
+    """Send what `frames` makes (after the preface), then read: the server's GOAWAY code
+    (None: the connection closed without one, or stayed open 5 s)."""
+    with h2_client(base_url, timeout=5) as (sock, conn):
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(conn.data_to_send() + frames(conn))
+        with contextlib.suppress(ConnectionResetError, TimeoutError):
+            while data := sock.recv(65536):
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.ConnectionTerminated):
+                        return event.error_code
+    return None
+
+
+def _get_then_data_after_end(conn: h2.connection.H2Connection) -> bytes:
+    out = b""
+    for _ in range(150):  # each stream ended, then DATA on it: h2 resets it itself, with no event
+        stream = conn.get_next_available_stream_id()
+        conn.send_headers(stream, [(":method", "GET"), (":path", "/healthz"), (":authority", "x"),
+                                   (":scheme", "http")], end_stream=True)
+        out += conn.data_to_send() + DataFrame(stream, data=b"x").serialize()
+        conn.streams.pop(stream, None)
+    return out
+
+
+async def test_http2_floods_of_frames_that_open_no_stream_or_make_the_server_reset_are_cut_off(
+    nursery: trio.Nursery, tmp_path: Path, fresh_reset_allowances: None
+) -> None:
+    # helper-118: PING, SETTINGS, WINDOW_UPDATE, empty DATA or unknown frames kept a core
+    # busy from one connection; DATA after END_STREAM made h2 reset each stream with no
+    # event, so the reset allowance never saw it.
+    server = await start_server(nursery, tmp_path, keep_alive_timeout=2)
+    pings = await trio.to_thread.run_sync(
+        _h2_goaway_after, server.base_url, lambda conn: PingFrame(0, opaque_data=b"12345678").serialize() * 2000)
+    assert pings == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    unknown = ExtensionFrame(0x20, 0, body=b"")
+    assert await trio.to_thread.run_sync(
+        _h2_goaway_after, server.base_url, lambda conn: unknown.serialize() * 2000) == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    # a few of them are anyone's: served, then closed idle
+    assert await trio.to_thread.run_sync(
+        _h2_goaway_after, server.base_url, lambda conn: PingFrame(0, opaque_data=b"12345678").serialize() * 50
+    ) in (None, h2.errors.ErrorCodes.NO_ERROR)
+    made = await trio.to_thread.run_sync(_h2_goaway_after, server.base_url, _get_then_data_after_end)
+    assert made == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+
+
+def _h2_unfinished_header_block(base_url: str) -> float | None:
+    """HEADERS without END_HEADERS and a CONTINUATION, then silence: seconds until the
+    server closes (None: still open after 8 s)."""
+    with h2_client(base_url, timeout=8) as (sock, conn):
+        headers = HeadersFrame(1, data=b"\x82\x86\x84")  # :method GET, :scheme http, :path /
+        block = ContinuationFrame(1, data=b"\x40\x01a\x01b")  # a: b, and no END_HEADERS
+        sock.sendall(conn.data_to_send() + headers.serialize() + block.serialize())
+        started = time.monotonic()
+        with contextlib.suppress(ConnectionResetError, TimeoutError):
+            while sock.recv(65536):
+                pass
+            return time.monotonic() - started
+    return None
+
+
+async def test_an_unfinished_http2_header_block_is_cut_at_the_read_timeout(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # helper-118: the connection counted as idle until END_HEADERS, and was held for
+    # keep_alive_timeout (75 s) with up to 1 MB of frames buffered.
+    server = await start_server(nursery, tmp_path, read_timeout=1, keep_alive_timeout=30)
+    closed_after = await trio.to_thread.run_sync(_h2_unfinished_header_block, server.base_url)
+    assert closed_after is not None and closed_after < 4, closed_after
+
+
+def _h2_priority_for_ended_streams(base_url: str, count: int) -> str | None:
+    """`count` PRIORITY frames for streams that ended, then a GET: its status (None: the
+    connection was lost)."""
+    with h2_client(base_url, timeout=10) as (sock, conn):
+        out = conn.data_to_send()
+        for stream in range(101, 101 + 2 * count, 2):  # ids a client may name (RFC 9113 5.3.4)
+            out += PriorityFrame(stream, depends_on=0, stream_weight=15).serialize()
+        sock.sendall(out)
+        return _h2_status_after_get(sock, conn, 101 + 2 * count)
+
+
+def _h2_status_after_get(sock: socket.socket, conn: h2.connection.H2Connection, stream: int) -> str | None:
+    conn.send_headers(stream, [(":method", "GET"), (":path", "/healthz"), (":authority", "x"), (":scheme", "http")],
+                      end_stream=True)
+    with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+        sock.sendall(conn.data_to_send())
+        while data := sock.recv(65536):
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived) and event.stream_id == stream:
+                    return dict(event.headers)[b":status"].decode()
+    return None
+
+
+async def test_priority_for_streams_the_server_is_not_sending_on_is_let_be(
+    nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # helper-118: hypercorn put each in its priority tree, and the 1,000th ended the
+    # connection (TooManyStreamsError) with every stream on it.
+    monkeypatch.setattr(h2_protocol, "CONTROL_FRAMES_BURST", 10_000)  # (as if sent slowly)
+    server = await start_server(nursery, tmp_path)
+    assert await trio.to_thread.run_sync(_h2_priority_for_ended_streams, server.base_url, 1100) == "200"
+
+
 def _h2_reset_then_silent(base_url: str) -> float | None:
     """Half a POST's body, RST_STREAM, then silence: seconds until the server closes
     (None: still open after 10 s)."""
@@ -691,10 +803,12 @@ async def test_an_http2_client_that_stalls_is_cut_at_the_read_timeout(
         closed_after = await trio.to_thread.run_sync(_h2_stall, server.base_url, how)
         assert closed_after is not None and closed_after < 3, (how, closed_after)
     # PINGs are data, but the stalled request is still bounded by request_timeout, even
-    # when a read never waits (helper-99: a PING a millisecond was never looked at)
-    for how in ("pings", "flood"):
-        closed_after = await trio.to_thread.run_sync(_h2_stall, server.base_url, how)
-        assert closed_after is not None and 3 <= closed_after < 6, (how, closed_after)
+    # when a read never waits (helper-99: a PING a millisecond was never looked at; such
+    # a flood is now cut sooner still, past its allowance of frames that open no stream)
+    closed_after = await trio.to_thread.run_sync(_h2_stall, server.base_url, "pings")
+    assert closed_after is not None and 3 <= closed_after < 6, closed_after
+    closed_after = await trio.to_thread.run_sync(_h2_stall, server.base_url, "flood")
+    assert closed_after is not None and closed_after < 6, closed_after
     # each logged: the body cut for being slow (408, not 499: the server cut it), and
     # the answer the window held back (it had no line at all)
     lines: list[tuple[str, int]] = []
@@ -703,7 +817,9 @@ async def test_an_http2_client_that_stalls_is_cut_at_the_read_timeout(
         if len(lines) >= 4:
             break
         await trio.sleep(0.1)
-    assert sorted(lines) == [("/metrics", 200), *[("/v1/events", 408)] * 3], lines
+    # (the PING flood's connection ends at the flood allowance, GOAWAY ENHANCE_YOUR_CALM:
+    # its request then reads as one whose connection went, 499)
+    assert sorted(lines) == [("/metrics", 200), *[("/v1/events", 408)] * 2, ("/v1/events", 499)], lines
     # and their places under max_connections are free at once (helper-97: for request_timeout)
     assert "collector_connections_open 1.0" in (await server.client.get("/metrics")).text  # (this one)
     # while a client that waits for a slow answer (its requests all sent) is not cut,
