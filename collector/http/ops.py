@@ -94,6 +94,12 @@ def _metrics_readers(services: Services) -> Callable[[Request], bool]:
     networks, proxies = services.metrics_readers, services.proxies
 
     def allowed(request: Request) -> bool:
+        # A page a browser fetched it for is not a scraper: on a DNS-rebinding site, a
+        # visitor's browser on the private network read it same-origin, which CORS does
+        # not stop (helper-122). Browsers say so in Sec-Fetch-Site; "none" is a person
+        # typing the URL, which no page can make a browser send.
+        if request.headers.get("sec-fetch-site", "none") != "none":
+            return False
         client = proxies.client_address(request.client_ip, request.headers.get("x-forwarded-for"))
         return client is not None and networks.trusted(client)
 
@@ -116,7 +122,8 @@ def _route(
         code: str | None
         error: ServiceError | None = None
         if readers is not None and not readers(request):
-            error = ServiceError("not_found", f"{path} is served only to the networks in metrics_from")
+            error = ServiceError("not_found", f"{path} is served only to the networks in metrics_from,"
+                                              " and not to a fetch a web page made")
         elif request.method not in ("GET", "HEAD"):
             error = ServiceError(
                 "method_not_allowed",

@@ -29,7 +29,7 @@ from hypercorn.protocol.h11 import H11Protocol
 
 from collector.errors import ServiceError, render_error
 from collector.http.asgi import PARSER_REFUSAL, Request
-from collector.http.headers import cors_headers
+from collector.http.headers import EXPOSED_HEADERS, cors_headers
 from collector.http.unrouted import UnroutedAnswers, stand_in_request
 
 ACCESS_ROUTE = "http_parser"
@@ -78,6 +78,7 @@ def _error_for(status: int, head_limit: int) -> ServiceError:
     )
 
 
+ANY_ORIGIN_MAY_READ = [("Access-Control-Allow-Origin", "*"), ("Access-Control-Expose-Headers", EXPOSED_HEADERS)]
 _ORIGIN_LINE = re.compile(rb"\r?\norigin:[ \t]*([\x21-\x7e]{1,2048})[ \t]*\r?\n", re.IGNORECASE)
 
 
@@ -110,13 +111,16 @@ def answer_parse_errors(protocol: H11Protocol, unrouted: UnroutedAnswers) -> Non
         if not client_gone:
             body = render_error(error)
             origin = request.headers.get("origin") if in_request else _origin_in_head(protocol)
+            # (a head refused before its Origin arrived, Chromium's order when a custom header
+            # is huge: any origin may read it, without credentials; it says nothing of anyone)
+            cors = cors_headers(origin) if origin else ANY_ORIGIN_MAY_READ
             headers: list[tuple[bytes, Any]] = [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
                 (b"x-request-id", request.request_id.encode("latin-1")),
                 (b"connection", b"close"),
                 # a browser script reads the refusal only with these, as every route's (helper-117)
-                *((name.encode(), value.encode("latin-1")) for name, value in cors_headers(origin)),
+                *((name.encode(), value.encode("latin-1")) for name, value in cors),
                 *protocol.config.response_headers("h11"),
             ]
             await protocol._send_h11_event(h11.Response(status_code=status_code, headers=headers))

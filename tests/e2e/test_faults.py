@@ -164,3 +164,11 @@ async def test_metrics_are_served_only_to_the_networks_in_metrics_from(nursery: 
     inside = await server.client.get("/metrics", headers={"X-Forwarded-For": "10.1.2.3"})
     assert inside.status_code == 200 and "collector_requests_total" in inside.text
     assert (await server.client.get("/healthz")).status_code == 200  # (the other operational routes stay open)
+    # a fetch a web page made is no scraper's, even from inside: a DNS-rebinding page read it
+    # same-origin through a visitor's browser (helper-122); a URL typed into one is fine
+    inside_ip = {"X-Forwarded-For": "10.1.2.3"}
+    for site in ("same-origin", "cross-site", "same-site"):
+        page = await server.client.get("/metrics", headers={**inside_ip, "Sec-Fetch-Site": site})
+        assert page.status_code == 404 and "collector_" not in page.text, site
+    typed = await server.client.get("/metrics", headers={**inside_ip, "Sec-Fetch-Site": "none"})
+    assert typed.status_code == 200
