@@ -619,6 +619,8 @@ class Connection(TCPServer):
                 self._taken_over_by_http2(self.protocol.protocol)
             if http2 or not self._http1:
                 self._note_header_block(now)
+            elif self._idle and self._head_began is not None and not self._head_buffered():
+                self._head_began = None  # only skipped empty lines came: idle still (helper-120)
             if data == b"":
                 break
         self._reading_done = True

@@ -43,7 +43,6 @@ import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
-import h2.frame_buffer
 import hypercorn.protocol
 import priority
 import trio
@@ -73,9 +72,11 @@ RESETS_PER_S = 10.0  # and more each second
 # once, and this many more a second; past that, GOAWAY ENHANCE_YOUR_CALM.
 CONTROL_FRAMES_BURST = 1000
 CONTROL_FRAMES_PER_S = 100.0
-# h2 holds a header block's frames until END_HEADERS: 64 of up to 16 KiB each (1 MB a
-# connection, helper-118) where a 64 KiB header list (hypercorn's limit) needs 5.
-h2.frame_buffer.CONTINUATION_BACKLOG = 8
+# h2 holds a header block's frames until END_HEADERS: 64 of up to 16 KiB each, 1 MB a
+# connection (helper-118). A block over twice hypercorn's 64 KiB header list cannot be one
+# it accepts: the connection gets GOAWAY ENHANCE_YOUR_CALM once one is (checked each read,
+# and a read is at most 64 KiB). (A count of frames refused small frames: helper-120.)
+HEADER_BLOCK_MAX_BYTES = 2 * 65536
 
 _rapid_reset = ThrottledLog(logging.getLogger("collector.http"), logging.WARNING)
 _flood = ThrottledLog(logging.getLogger("collector.http"), logging.WARNING)
@@ -141,8 +142,10 @@ class CollectorH2Protocol(H2Protocol):
         self._send_goaway_and_close = connection.close_connection
         connection.close_connection = self._close_connection_asked  # type: ignore[method-assign]
         self._control_left, self._control_counted_at = float(CONTROL_FRAMES_BURST), trio.current_time()
-        for frame_type in (PingFrame, SettingsFrame, PriorityFrame, WindowUpdateFrame, ExtensionFrame, DataFrame):
+        for frame_type in (PingFrame, SettingsFrame, PriorityFrame, WindowUpdateFrame, ExtensionFrame, DataFrame,
+                           RstStreamFrame, GoAwayFrame):
             dispatch[frame_type] = self._counting_control_frames(dispatch[frame_type])
+        self._over_control_allowance = False
         # Resets h2 sends itself, for a client's frame that broke a stream, come with no
         # event when the stream had ended its request (DATA after END_STREAM): seen here.
         self._prepare_for_sending = connection._prepare_for_sending
@@ -172,6 +175,11 @@ class CollectorH2Protocol(H2Protocol):
         # full), so whether DATA is late is decided as each one comes (helper-102).
         for event in events:
             if isinstance(event, h2.events.DataReceived) and event.stream_id not in self.streams:
+                # (a body no route reads costs as a frame that opens no stream: 1-byte DATA on an
+                # answered stream took 21 s of CPU in 20 s, helper-120)
+                if not self._may_send_control_frame():
+                    await self._end_for_flood()
+                    return
                 self._drop_late_body(event)
                 await self._flush()
             elif isinstance(event, h2.events.RequestReceived) and event.stream_id > (
@@ -189,6 +197,10 @@ class CollectorH2Protocol(H2Protocol):
                 await self._after_reset(event.stream_id)
             else:
                 await super()._handle_events([event])
+        # What h2 answered by itself in a read with no events (a RST, the WINDOW_UPDATE for
+        # a late body) goes out now: it waited for the next event, and an upload on another
+        # stream of the connection stalled for want of window (helper-120).
+        await self._flush()
 
     async def _calm_down(self) -> None:
         _rapid_reset("HTTP/2 client %s reset streams faster than %d a second: its connection was closed",
@@ -246,8 +258,18 @@ class CollectorH2Protocol(H2Protocol):
         if isinstance(event, RawData) and self._gone:
             return  # (helper-113: a WINDOW_UPDATE read before the close drew GOAWAY PROTOCOL_ERROR)
         await super().handle(event)
-        if self._over_reset_allowance and not self._gone:
+        if self._gone:
+            return
+        if self._over_reset_allowance:
             await self._calm_down()
+        elif self._over_control_allowance:
+            await self._end_for_flood()
+        elif (block := self.connection.incoming_buffer._headers_buffer) and sum(
+            len(frame.data) for frame in block
+        ) > HEADER_BLOCK_MAX_BYTES:
+            _flood("HTTP/2 client %s sent a header block over %d bytes: its connection was closed",
+                   self.client[0] if self.client else "-", HEADER_BLOCK_MAX_BYTES, cause="header block")
+            await self._end_with_goaway(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
 
     def _may_reset(self) -> bool:
         return _exempt(self.client) or _may_reset(_reset_budget_of(self.client))
@@ -261,12 +283,19 @@ class CollectorH2Protocol(H2Protocol):
         Later resets of the same stream (h2 answers each frame still arriving on it) and
         the server's own resets (a late body, a stream after GOAWAY) spend nothing."""
         for frame in frames:
-            if isinstance(frame, RstStreamFrame) and frame.stream_id not in self._reset_ids:
-                if len(self._reset_ids) > 10_000:
-                    self._reset_ids.clear()
-                self._reset_ids.add(frame.stream_id)
-                if not self._over_reset_allowance and not self._may_reset():
-                    self._over_reset_allowance = True  # (the rest of this read is not charged)
+            if not isinstance(frame, RstStreamFrame):
+                continue
+            if frame.stream_id in self._reset_ids:
+                # h2 answering another frame on a stream already reset: that frame opened
+                # nothing (DATA or HEADERS on a reset stream, helper-120)
+                if not self._may_send_control_frame():
+                    self._over_control_allowance = True
+                continue
+            if len(self._reset_ids) > 10_000:
+                self._reset_ids.clear()
+            self._reset_ids.add(frame.stream_id)
+            if not self._over_reset_allowance and not self._may_reset():
+                self._over_reset_allowance = True  # (the rest of this read is not charged)
         self._prepare_for_sending(frames)
 
     def _reset_ourselves(self, stream_id: int, error_code: int) -> None:
@@ -278,27 +307,44 @@ class CollectorH2Protocol(H2Protocol):
         self, receive: Callable[[Frame], tuple[list[Frame], list[h2.events.Event]]]
     ) -> Callable[[Frame], tuple[list[Frame], list[h2.events.Event]]]:
         def counted(frame: Frame) -> tuple[list[Frame], list[h2.events.Event]]:
-            if not isinstance(frame, DataFrame) or (not frame.data and "END_STREAM" not in frame.flags):
-                now = trio.current_time()
-                elapsed, self._control_counted_at = now - self._control_counted_at, now
-                self._control_left = min(float(CONTROL_FRAMES_BURST),
-                                         self._control_left + elapsed * CONTROL_FRAMES_PER_S) - 1
-                if self._control_left < 0 and not _exempt(self.client):
-                    _flood("HTTP/2 client %s sent frames that open no stream faster than %d a second:"
-                           " its connection was closed", self.client[0] if self.client else "-",
-                           CONTROL_FRAMES_PER_S, cause="control frame flood")
-                    # (h2 answers this error with GOAWAY ENHANCE_YOUR_CALM; hypercorn then closes)
-                    raise h2.exceptions.DenialOfServiceError("too many frames that open no stream")
+            opens_nothing = not isinstance(frame, DataFrame) or (not frame.data and "END_STREAM" not in frame.flags)
+            if opens_nothing and not self._may_send_control_frame():
+                self._log_flood()
+                # (h2 answers this error with GOAWAY ENHANCE_YOUR_CALM; hypercorn then closes)
+                raise h2.exceptions.DenialOfServiceError("too many frames that open no stream")
             return receive(frame)
 
         return counted
+
+    def _may_send_control_frame(self) -> bool:
+        """Spend one of the connection's allowance of frames that open no stream."""
+        now = trio.current_time()
+        elapsed, self._control_counted_at = now - self._control_counted_at, now
+        self._control_left = min(float(CONTROL_FRAMES_BURST), self._control_left + elapsed * CONTROL_FRAMES_PER_S) - 1
+        return self._control_left >= 0 or _exempt(self.client)
+
+    def _log_flood(self) -> None:
+        _flood("HTTP/2 client %s sent frames that open no stream faster than %d a second: its connection"
+               " was closed", self.client[0] if self.client else "-", CONTROL_FRAMES_PER_S, cause="control frame flood")
+
+    async def _end_for_flood(self) -> None:
+        self._log_flood()
+        await self._end_with_goaway(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
 
     async def _priority_updated(self, event: h2.events.PriorityUpdated) -> None:
         """PRIORITY for a stream the server is not sending on is let be (RFC 9113 5.3.4 lets
         a client name closed and idle ones): hypercorn kept each in its priority tree, which
         ends the connection at its 1,000th (helper-118)."""
-        if event.stream_id in self.stream_buffers:
-            await super()._priority_updated(event)
+        if event.stream_id not in self.stream_buffers:
+            return
+        # nor is a parent that is not being answered put in (helper-120: each new stream
+        # depending on the one answered before it put that one back, for ever)
+        depends_on = event.depends_on if event.depends_on in self.stream_buffers else None
+        with contextlib.suppress(priority.PriorityError):
+            self.priority.reprioritize(
+                stream_id=event.stream_id, depends_on=depends_on, weight=event.weight or 16, exclusive=bool(event.exclusive)
+            )
+        await self.has_data.set()
 
     async def _after_reset(self, stream_id: int) -> None:
         """A stream the client reset. hypercorn keeps its send buffer, and a route waiting

@@ -29,6 +29,7 @@ from hyperframe.frame import (
     HeadersFrame,
     PingFrame,
     PriorityFrame,
+    RstStreamFrame,
     WindowUpdateFrame,
 )
 
@@ -641,6 +642,74 @@ async def test_http2_floods_of_frames_that_open_no_stream_or_make_the_server_res
     ) in (None, h2.errors.ErrorCodes.NO_ERROR)
     made = await trio.to_thread.run_sync(_h2_goaway_after, server.base_url, _get_then_data_after_end)
     assert made == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    # RST_STREAM on a stream long closed opens nothing either (helper-120: 1.9M in 6 s)
+    def get_then_resets(conn: h2.connection.H2Connection) -> bytes:
+        conn.send_headers(1, [(":method", "GET"), (":path", "/healthz"), (":authority", "x"), (":scheme", "http")],
+                          end_stream=True)
+        return conn.data_to_send() + RstStreamFrame(1, error_code=8).serialize() * 2000
+
+    h2_protocol._resets_left.clear()  # (the one real reset among them must not be what cuts it)
+    rsts = await trio.to_thread.run_sync(_h2_goaway_after, server.base_url, get_then_resets)
+    assert rsts == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+
+
+def _h2_window_back_after_a_refused_body(base_url: str) -> int:
+    """A POST with no key (refused at once), then its body: how much connection window
+    the server gives back, within 2 s, for the part sent after it reset the stream."""
+    with h2_client(base_url, timeout=2) as (sock, conn):
+        conn.send_headers(1, [(":method", "POST"), (":path", "/v1/events"), (":authority", "x"), (":scheme", "http"),
+                              ("content-type", "application/json"), ("content-length", "64000")])
+        sock.sendall(conn.data_to_send())
+        given_back, reset = 0, False
+        with contextlib.suppress(TimeoutError, ConnectionResetError):
+            while True:
+                data = sock.recv(65536)
+                if not data:
+                    break
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.StreamEnded):  # its answer all sent: DATA now
+                        conn.send_data(1, b"x" * 1_000)  # makes the server reset the stream (NO_ERROR)
+                    elif isinstance(event, h2.events.StreamReset) and not reset:
+                        # more of the body, sent before the client heard: h2 takes it with no
+                        # event (the stream is closed), and owes its window back
+                        reset = True
+                        sock.sendall(DataFrame(1, data=b"x" * 16_000).serialize() * 3)
+                    elif isinstance(event, h2.events.WindowUpdated) and event.stream_id == 0 and reset:
+                        given_back += event.delta
+                sock.sendall(conn.data_to_send())
+        return given_back
+
+
+async def test_a_refused_http2_body_gives_its_window_back(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # helper-120: h2 acknowledged the refused stream's late DATA, but its WINDOW_UPDATE waited
+    # for an event that never came: an upload beside it ran out of window and was cut, 408.
+    server = await start_server(nursery, tmp_path)
+    assert await trio.to_thread.run_sync(_h2_window_back_after_a_refused_body, server.base_url) >= 32_000
+
+
+def _h2_priority_chain(base_url: str, requests: int) -> int:
+    """Sequential GETs, each HEADERS depending on the stream before it (answered by
+    then): how many were answered."""
+    answered = 0
+    with h2_client(base_url, timeout=10) as (sock, conn), contextlib.suppress(
+        ConnectionResetError, BrokenPipeError, TimeoutError, h2.exceptions.ProtocolError
+    ):
+        for n in range(requests):
+            stream = 1 + 2 * n
+            conn.send_headers(stream, [(":method", "GET"), (":path", "/healthz"), (":authority", "x"),
+                                       (":scheme", "http")], end_stream=True,
+                              priority_weight=16, priority_depends_on=max(0, stream - 2), priority_exclusive=True)
+            sock.sendall(conn.data_to_send())
+            done = False
+            while not done:
+                data = sock.recv(65536)
+                if not data:
+                    return answered
+                for event in conn.receive_data(data):
+                    done = done or (isinstance(event, h2.events.StreamEnded) and event.stream_id == stream)
+                sock.sendall(conn.data_to_send())
+            answered += 1
+    return answered
 
 
 def _h2_unfinished_header_block(base_url: str) -> float | None:
@@ -699,6 +768,8 @@ async def test_priority_for_streams_the_server_is_not_sending_on_is_let_be(
     monkeypatch.setattr(h2_protocol, "CONTROL_FRAMES_BURST", 10_000)  # (as if sent slowly)
     server = await start_server(nursery, tmp_path)
     assert await trio.to_thread.run_sync(_h2_priority_for_ended_streams, server.base_url, 1100) == "200"
+    # nor is a parent that ended put back (helper-120: each stream depending on the one before)
+    assert await trio.to_thread.run_sync(_h2_priority_chain, server.base_url, 1100) == 1100
 
 
 def _h2_reset_then_silent(base_url: str) -> float | None:
@@ -956,6 +1027,25 @@ async def test_an_empty_line_before_a_request_line_is_skipped(nursery: trio.Nurs
     async with await _open(server) as stream:  # a few, not any number
         await stream.send_all(b"\r\n" * 3 + HEALTH)
         assert (await _read_until_closed(stream)).startswith(b"HTTP/1.1 400")
+    async with await _open(server) as stream:  # counted per request, not per read (helper-120)
+        for _ in range(3):
+            await stream.send_all(b"\r\n")
+            await trio.sleep(0.1)
+        await stream.send_all(HEALTH)
+        assert (await _read_until_closed(stream)).startswith(b"HTTP/1.1 400")
+
+
+async def test_a_stray_empty_line_after_a_request_leaves_the_connection_idle(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # helper-120: the skipped CRLF counted as a request head begun, and the keep-alive
+    # connection was cut at read_timeout instead of keep_alive_timeout
+    server = await start_server(nursery, tmp_path, read_timeout=1, keep_alive_timeout=4)
+    async with await _open(server) as stream:
+        await stream.send_all(HEALTH + b"\r\n")
+        assert (await _read_response(stream)).startswith(b"HTTP/1.1 200")
+        await trio.sleep(2)  # past read_timeout, inside keep_alive_timeout
+        await _served(stream)
 
 
 async def test_the_http_parsers_refusals_carry_the_error_body_an_id_and_an_access_line(
