@@ -43,6 +43,7 @@ from storage.throttled_log import ThrottledLog
 log = logging.getLogger("collector.storage")
 
 SLACK_MS = 5_000  # ordinary NTP slewing and scheduling delays stay well inside this
+REFERENCE_S = 60.0  # how old the reading a drift is measured against gets (NTP slews 0.03 s in it)
 TRUST_AFTER_S = 600.0
 ANCHOR_KEY = b"age_clock_anchor"  # in meta: see encode_anchor
 _ANCHOR = struct.Struct(">qd")
@@ -60,6 +61,10 @@ class AgeClock:
         self._wall_ms = wall_ms
         self._steady_s = steady_s or boot_seconds
         self._believed: Reading | None = seed  # the last reading believed
+        # A reading believed at least REFERENCE_S ago: a clock gaining a little each read (a
+        # second apart, once watch() reads it) stays inside SLACK_MS of the last reading, and
+        # 3 s a second for 45 s went unseen (helper-121). Against this it shows.
+        self._reference: Reading | None = seed
         self._away_since: float | None = None  # steady s when the wall clock was found where it is
         self._away_by = 0  # ms it was found away by then (a new step starts the wait again)
         # (a wall clock that is stuck or runs wild steps again every few seconds)
@@ -69,13 +74,15 @@ class AgeClock:
     def __call__(self) -> int:
         wall, steady = self._wall_ms(), self._steady_s()
         with self._lock:
-            if self._believed is None:
-                self._believed = (wall, steady)
+            if self._believed is None or self._reference is None:
+                self._believed = self._reference = (wall, steady)
                 return wall
             expected = _projected(self._believed, steady)
-            if abs(wall - expected) <= SLACK_MS:
+            if abs(wall - expected) <= SLACK_MS and abs(wall - _projected(self._reference, steady)) <= SLACK_MS:
                 self._away_since = None
                 self._believed = (wall, steady)
+                if steady - self._reference[1] >= REFERENCE_S:
+                    self._reference = self._believed
                 return wall
             away_by = wall - expected
             # A second step while the first is waited out starts the wait again: the
@@ -90,10 +97,11 @@ class AgeClock:
                     away_by / 1000, TRUST_AFTER_S, cause="wall clock step",
                 )
             if steady - self._away_since >= TRUST_AFTER_S:
-                log.warning("the wall clock stayed where it stepped for %.0f s: it is believed from now on",
-                            TRUST_AFTER_S)
+                # (with its size: a later step's own warning may have been throttled, helper-121)
+                log.warning("the wall clock stayed %+.0f s away from the time the writer kept for %.0f s:"
+                            " it is believed from now on", away_by / 1000, TRUST_AFTER_S)
                 self._away_since = None
-                self._believed = (wall, steady)
+                self._believed = self._reference = (wall, steady)
                 return wall
             return expected
 

@@ -101,3 +101,34 @@ def test_a_second_step_while_the_first_is_waited_out_starts_the_wait_again() -> 
     clocks.pass_s(1)
     assert age() == clocks.wall_ms  # the second step held its 10 minutes
 
+
+
+def test_a_wall_clock_running_fast_is_not_followed(caplog: pytest.LogCaptureFixture) -> None:
+    # helper-121: read once a second, a clock gaining 3 s a second stayed inside the slack of
+    # each last reading, and was followed 135 s ahead in 45 s without a word
+    clocks = Clocks()
+    age = AgeClock(lambda: clocks.wall_ms, lambda: clocks.steady_s)
+    start = age()
+    with caplog.at_level(logging.WARNING, logger="collector.storage"):
+        for _ in range(45):
+            clocks.pass_s(1)
+            clocks.wall_ms += 3_000
+            stamped = age()
+    real = start + 45_000
+    assert real <= stamped <= real + SLACK_MS, (stamped - real)
+    assert any("stepped" in record.getMessage() for record in caplog.records)
+
+
+def test_the_step_believed_is_said_with_its_size(caplog: pytest.LogCaptureFixture) -> None:
+    clocks = Clocks()
+    age = AgeClock(lambda: clocks.wall_ms, lambda: clocks.steady_s)
+    age()
+    clocks.wall_ms += 86_400_000
+    with caplog.at_level(logging.WARNING, logger="collector.storage"):
+        age()
+        clocks.pass_s(30)
+        clocks.wall_ms += 7 * 86_400_000  # (its own warning is within the minute's throttle)
+        age()
+        clocks.pass_s(TRUST_AFTER_S)
+        assert age() == clocks.wall_ms
+    assert "stayed +691200 s away" in caplog.records[-1].getMessage(), caplog.text
