@@ -99,6 +99,7 @@ REFUSE_HEAD_WAITERS = 16
 REFUSE_HEAD_BYTES = 16 * 1024
 _PRINTABLE = re.compile(r"[\x20-\x7e\x80-\xff]*")
 FD_RESERVE = 128  # descriptors kept back from connections: LMDB, listeners, logs, the CLI's files
+SMALL_LIMIT_RESERVE = 32  # at least: the process's own at rest, and REFUSE_HEAD_WAITERS
 MIN_CONNECTIONS = 64
 
 
@@ -275,9 +276,12 @@ def default_connection_limits() -> tuple[int, int]:
     for LMDB, the listeners and logs, and a quarter of that for one client."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     available = soft if soft != resource.RLIM_INFINITY else 1_048_576
-    # Under a small limit, half of it (at 64, a floor of 64 was the whole limit: every
-    # accept then failed with EMFILE, a traceback ten times a second, helper-114).
-    total = max(available - FD_RESERVE, available // 2, 1)
+    # Under a small limit, less is kept back, but never less than what the process holds
+    # at rest (about 15) and the refused connections waiting for their heads (16): a floor
+    # of 64 connections was the whole of a 64 limit (helper-114), and half of it left
+    # EMFILE at 20 and 64 (helper-121).
+    reserve = min(FD_RESERVE, SMALL_LIMIT_RESERVE + available // 4)
+    total = max(available - reserve, 1)
     return total, min(total, max(MIN_CONNECTIONS, total // 4))
 
 
