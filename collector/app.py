@@ -296,7 +296,10 @@ def _process_gauges(services: Services) -> Iterator[Metric]:
     cache = services.keys.statistics()
     yield gauge("collector_key_cache_entries", "Key records cached", cache.entries)
     yield counter("collector_key_cache_hits", "Key lookups answered from the cache", cache.hits)
-    yield counter("collector_key_cache_misses", "Key lookups that read storage", cache.misses)
+    yield counter(
+        "collector_key_cache_misses", "Key lookups the cache could not answer (read from storage, or no key's length)",
+        cache.misses,
+    )
     yield counter(
         "collector_key_cache_read_failures",
         "Key lookups whose storage read failed (answered 503, or from a stale entry)",
@@ -470,7 +473,7 @@ async def serve(
                     defer_stop_signals()
                 for url in binds:
                     announce_listening(url)
-                log.info("listening on %s", ", ".join(binds), extra={"fields": _start_facts(settings, storage)})
+                log.info("listening on %s", ", ".join(binds), extra={"fields": _start_facts(settings, storage, worker_index)})
                 systemd.notify(f"READY=1\nSTATUS=listening on {', '.join(binds)}")
                 interval = systemd.watchdog_interval()
                 if interval:
@@ -588,13 +591,14 @@ async def _serve_http(
         lifespan_nursery.cancel_scope.cancel()
 
 
-def _start_facts(settings: Settings, storage: Storage) -> dict[str, object]:
-    """What an operator reading the start line needs: what runs, where, with how many keys."""
-    with storage.read() as txn:
-        keys = txn.stat(storage.dbs.keys)["entries"]
-    if not keys and settings.production:
-        log.warning("no API keys are imported: every request will be refused 401; import a tenants file"
-                    " (`collector tenants import FILE`, or `serve --tenants FILE`)")
+def _start_facts(settings: Settings, storage: Storage, worker_index: int) -> dict[str, object]:
+    """What an operator reading the start line needs: what runs, where, with how many live keys."""
+    from collector.tenants_admin import list_records
+
+    keys = sum(1 for record in list_records(storage, on_unreadable=lambda key, error: None) if not record.revokedAt)
+    if not keys and settings.production and worker_index == 0:  # (once, not once a worker)
+        log.warning("no live API keys (none imported, or all revoked): every request will be refused 401;"
+                    " import a tenants file (`collector tenants import FILE`, or `serve --tenants FILE`)")
     return {"version": version(), "env": settings.env.value, "dataDir": str(storage.path.resolve()), "keys": keys,
             "workers": settings.workers}
 

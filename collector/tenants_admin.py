@@ -212,7 +212,7 @@ def _term_change(account: str, before: _Terms, after: _Terms) -> str:
     names = ("contract", "overage", "plan", "suspended")
     said = ", ".join(f"{name} {_said(old)} -> {_said(new)}"
                      for name, old, new in zip(names, before, after, strict=True) if old != new)
-    return (f"billing account {account!r}'s terms change: {said} (the file's keys of an account decide its"
+    return (f"the terms of billing account {account!r} change: {said} (the file's keys of an account decide its"
             " terms, for every key of it; `serve --tenants` imports its file again at each start)")
 
 

@@ -28,8 +28,8 @@ def version() -> str:
 
 def _checked_out_commit(dot_git: Path) -> str | None:
     try:
-        if dot_git.is_file():  # a worktree: "gitdir: PATH"
-            dot_git = Path(dot_git.read_text().removeprefix("gitdir:").strip())
+        if dot_git.is_file():  # a worktree or a submodule: "gitdir: PATH", relative to the file's directory
+            dot_git = dot_git.parent / dot_git.read_text().removeprefix("gitdir:").strip()
         head = (dot_git / "HEAD").read_text().strip()
         if not head.startswith("ref: "):
             return head if _is_commit(head) else None  # detached

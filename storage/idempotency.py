@@ -1,7 +1,8 @@
 """Idempotency records: (clientId, event id) -> content hash, receipt id, time stored.
 
-A record older than the window is treated as absent, so a replay after the
-window is admitted again; retention removes such records in the background.
+A record is the id's while it is stored, whatever its age: the retention sweep
+removes one older than the window, and a replay after that is admitted again
+(storage/admission.py says why admission does not judge the window itself).
 """
 
 from __future__ import annotations

@@ -322,7 +322,8 @@ class GroupCommitWriter:
                     raise
                 except Exception as exc:
                     log.exception("write job failed")
-                    ticket.error = StorageError(f"write failed: {exc}")
+                    # (what failed is in the log above: a client is told only that it did)
+                    ticket.error = StorageError(f"write failed: {exc}", for_client="the write failed")
                     txn.abort()
                     return ticket
             committed: Callable[[], None] | None = None

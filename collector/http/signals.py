@@ -149,7 +149,9 @@ async def _read_snapshot(
         view = read_visitor(services.storage, record.clientId, site.siteId, visitor_id)
     except StorageError as exc:  # a record that does not decode reads as none: see read_visitor
         # The units are spent and the read failed: say so plainly; a retry is billed again.
-        raise ServiceError("storage_unavailable", f"the visitor record could not be read ({exc}); retry") from None
+        raise ServiceError(
+            "storage_unavailable", f"the visitor record could not be read ({exc.for_client}); retry"
+        ) from None
     return 200, _encoder.encode(
         snapshot(view, visitor_id=visitor_id, site_id=site.siteId, session_id=session_id, now_ms=now_ms)
     )
