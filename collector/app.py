@@ -73,6 +73,7 @@ from collector.version import version
 from storage.age_clock import (
     ANCHOR_KEY,
     AgeClock,
+    SharedClock,
     boot_id,
     boot_seconds,
     decode_anchor,
@@ -173,11 +174,13 @@ def build_services(
     with storage.read() as txn:  # where the last process of this boot left the clock (storage/age_clock.py)
         seed = decode_anchor(txn.get(ANCHOR_KEY, db=storage.dbs.meta), boot_id())
     age_clock = AgeClock(lambda: int(clock() * 1000), steady, seed=seed)
+    shared = SharedClock(age_clock, boot_id(), decides=worker_index == 0)
     writer = GroupCommitWriter(
         storage,
         max_queue=settings.writer_max_queue,
         max_group=settings.writer_max_group,
         clock_ms=age_clock,
+        txn_clock=partial(shared.now_in, meta_db=storage.dbs.meta),
         on_commit=metrics.on_commit,
     )
     # Every worker folds its own groups into the visitor records as it commits
@@ -433,7 +436,7 @@ async def serve(
         app = build_asgi(services)
         async with trio.open_nursery() as outer:
             await outer.start(services.writer.run)
-            if isinstance(services.writer.clock_ms, AgeClock):
+            if worker_index == 0 and isinstance(services.writer.clock_ms, AgeClock):  # (the others follow it)
                 outer.start_soon(watch_wall_clock, services.writer.clock_ms)
             if metrics_dir is not None:
                 shared = services.metrics.shared = SharedMetrics(metrics_dir, worker_index)

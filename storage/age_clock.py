@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -105,6 +106,9 @@ class AgeClock:
                 return wall
             return expected
 
+    def steady_s(self) -> float:
+        return self._steady_s()
+
     def anchor(self) -> Reading | None:
         """The time believed, as of now on the steady clock (None before a reading)."""
         with self._lock:
@@ -112,6 +116,48 @@ class AgeClock:
                 return None
             steady = self._steady_s()
             return _projected(self._believed, steady), steady
+
+
+PUBLISH_WHEN_OFF_MS = 1_000  # how far worker 0's time may get from what it last published
+
+
+class SharedClock:
+    """The writer's time for every process of one data directory: worker 0's guard
+    decides, and the others stamp with what it publishes in `meta`, read inside their
+    own write transaction.
+
+    Each worker kept a guard of its own, so a worker restarted during a clock step
+    went on distrusting it after worker 0 had believed it, and worker 0's sweep judged
+    that worker's new records by its own time, days on: it removed them at once, and
+    their retries were stored again (helper-121). LMDB serialises write transactions
+    across processes, so a time published in one is the time of every later one, in
+    every process. The sweep also records it (the anchor a new process starts from).
+    """
+
+    def __init__(self, guard: AgeClock, boot: bytes, *, decides: bool) -> None:
+        self._guard = guard
+        self._boot = boot
+        self._decides = decides
+        self._published: Reading | None = None
+
+    def now_in(self, txn: Any, meta_db: Any) -> int:
+        """Milliseconds for the write transaction `txn` (meta_db: where the anchor is)."""
+        if not self._boot:  # (no anchor without a boot id: each process on its own)
+            return self._guard()
+        if self._decides:
+            now = self._guard()
+            reading = self._guard.anchor()
+            published = self._published
+            if reading is not None and (
+                published is None or abs(reading[0] - _projected(published, reading[1])) > PUBLISH_WHEN_OFF_MS
+            ):
+                txn.put(ANCHOR_KEY, encode_anchor(reading, self._boot), db=meta_db)
+                self._published = reading
+            return now
+        anchor = decode_anchor(txn.get(ANCHOR_KEY, db=meta_db), self._boot)
+        if anchor is None:  # (worker 0 has not committed yet)
+            return self._guard()
+        return _projected(anchor, self._guard.steady_s())
 
 
 async def watch(clock: AgeClock, every_s: float = 1.0) -> None:

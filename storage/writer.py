@@ -143,12 +143,16 @@ class GroupCommitWriter:
         max_queue: int = 2048,
         max_group: int = 256,
         clock_ms: Callable[[], int] | None = None,
+        txn_clock: Callable[[lmdb.Transaction], int] | None = None,
         on_commit: Callable[[int, float], None] | None = None,
     ) -> None:
         self.storage = storage
         self.max_queue = max_queue
         self.max_group = max_group
         self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        # The time of a write transaction, read inside it (storage/age_clock.SharedClock:
+        # every process of a data directory the same): clock_ms when None.
+        self.txn_clock = txn_clock
         self._on_commit = on_commit
         self._queue: collections.deque[_Ticket] = collections.deque()
         self._cond = threading.Condition()
@@ -303,7 +307,7 @@ class GroupCommitWriter:
             # process committing): the jobs queued meanwhile join this group
             # instead of waiting for a transaction of their own.
             self._top_up(pending)
-            now_ms = self.clock_ms()
+            now_ms = self.txn_clock(txn) if self.txn_clock is not None else self.clock_ms()
             ctx = WriteContext(
                 txn, self.storage, _read_next_seq(txn, self.storage), now_ms, feeding=at_commit is not None
             )

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
-from storage.age_clock import SLACK_MS, TRUST_AFTER_S, AgeClock, decode_anchor, encode_anchor
+from storage.age_clock import (
+    SLACK_MS,
+    TRUST_AFTER_S,
+    AgeClock,
+    SharedClock,
+    decode_anchor,
+    encode_anchor,
+)
+from storage.env import Storage
 
 
 class Clocks:
@@ -132,3 +141,34 @@ def test_the_step_believed_is_said_with_its_size(caplog: pytest.LogCaptureFixtur
         clocks.pass_s(TRUST_AFTER_S)
         assert age() == clocks.wall_ms
     assert "stayed +691200 s away" in caplog.records[-1].getMessage(), caplog.text
+
+
+def test_every_process_stamps_with_the_time_worker_0_decides(tmp_path: Path) -> None:
+    # helper-121: a worker restarted during an 8-day step went on distrusting it after worker
+    # 0 believed it, and worker 0's sweep removed that worker's new records at once. The
+    # others now take worker 0's time, published in meta, inside their own transaction.
+    storage = Storage(tmp_path)
+    clocks = Clocks()
+    decider = AgeClock(lambda: clocks.wall_ms, lambda: clocks.steady_s)
+    worker0 = SharedClock(decider, b"boot-1", decides=True)
+
+    def stamp(clock: SharedClock) -> int:
+        with storage.env.begin(write=True) as txn:
+            return clock.now_in(txn, storage.dbs.meta)
+
+    start = stamp(worker0)
+    clocks.wall_ms += 8 * 86_400_000  # the step
+    clocks.pass_s(60)
+    assert stamp(worker0) == start + 60_000  # distrusted
+    # worker 1, restarted during the step, starts from the anchor and distrusts it too
+    restarted = AgeClock(lambda: clocks.wall_ms, lambda: clocks.steady_s, seed=decider.anchor())
+    worker1 = SharedClock(restarted, b"boot-1", decides=False)
+    clocks.pass_s(300)
+    assert stamp(worker1) == start + 360_000 == stamp(worker0)
+    clocks.pass_s(TRUST_AFTER_S - 300)
+    believed = stamp(worker0)  # worker 0 has waited its 10 minutes: believed, and published
+    assert believed == clocks.wall_ms
+    assert abs(stamp(worker1) - believed) <= 1  # at once, in worker 1's next transaction
+    assert restarted() < believed - 86_400_000  # (its own guard would still distrust it)
+    clocks.pass_s(30)
+    assert abs(stamp(worker1) - clocks.wall_ms) <= 1
