@@ -31,7 +31,7 @@ from collector import systemd
 from collector.access.keycache import KeyCache
 from collector.demo import DEMO_KEYS, DEMO_TENANTS
 from collector.fieldkeys import key_file_path, serving_sealer, settle_key_file
-from collector.http import h2_protocol
+from collector.http import app_input, h2_protocol  # noqa: F401  (app_input patches hypercorn: see it)
 from collector.http.access_log import flush_periodically as flush_access_log
 from collector.http.asgi import Receive, Scope, Send, send_response
 from collector.http.client_address import TrustedProxies

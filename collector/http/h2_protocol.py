@@ -43,6 +43,7 @@ import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
+import h2.frame_buffer
 import hypercorn.protocol
 import priority
 import trio
@@ -55,6 +56,7 @@ from hyperframe.frame import (
     ExtensionFrame,
     Frame,
     GoAwayFrame,
+    HeadersFrame,
     PingFrame,
     PriorityFrame,
     RstStreamFrame,
@@ -72,11 +74,14 @@ RESETS_PER_S = 10.0  # and more each second
 # once, and this many more a second; past that, GOAWAY ENHANCE_YOUR_CALM.
 CONTROL_FRAMES_BURST = 1000
 CONTROL_FRAMES_PER_S = 100.0
+DEFAULT_WINDOW = 65_535  # a connection's flow-control window before any WINDOW_UPDATE (RFC 9113 6.9.2)
 # h2 holds a header block's frames until END_HEADERS: 64 of up to 16 KiB each, 1 MB a
 # connection (helper-118). A block over twice hypercorn's 64 KiB header list cannot be one
 # it accepts: the connection gets GOAWAY ENHANCE_YOUR_CALM once one is (checked each read,
 # and a read is at most 64 KiB). (A count of frames refused small frames: helper-120.)
 HEADER_BLOCK_MAX_BYTES = 2 * 65536
+h2.frame_buffer.CONTINUATION_BACKLOG = 1024  # (h2's own 64 refused a block in small frames: helper-123)
+SMALL_FRAME_BYTES = 1024  # DATA no route reads costs as a frame that opens nothing when smaller than this
 
 _rapid_reset = ThrottledLog(logging.getLogger("collector.http"), logging.WARNING)
 _flood = ThrottledLog(logging.getLogger("collector.http"), logging.WARNING)
@@ -143,7 +148,7 @@ class CollectorH2Protocol(H2Protocol):
         connection.close_connection = self._close_connection_asked  # type: ignore[method-assign]
         self._control_left, self._control_counted_at = float(CONTROL_FRAMES_BURST), trio.current_time()
         for frame_type in (PingFrame, SettingsFrame, PriorityFrame, WindowUpdateFrame, ExtensionFrame, DataFrame,
-                           RstStreamFrame, GoAwayFrame):
+                           RstStreamFrame, GoAwayFrame, HeadersFrame):
             dispatch[frame_type] = self._counting_control_frames(dispatch[frame_type])
         self._over_control_allowance = False
         # Resets h2 sends itself, for a client's frame that broke a stream, come with no
@@ -175,9 +180,9 @@ class CollectorH2Protocol(H2Protocol):
         # full), so whether DATA is late is decided as each one comes (helper-102).
         for event in events:
             if isinstance(event, h2.events.DataReceived) and event.stream_id not in self.streams:
-                # (a body no route reads costs as a frame that opens no stream: 1-byte DATA on an
-                # answered stream took 21 s of CPU in 20 s, helper-120)
-                if not self._may_send_control_frame():
+                # (a body no route reads, in small frames, costs as a frame that opens no stream:
+                # 1-byte DATA on an answered stream took 21 s of CPU in 20 s, helper-120)
+                if event.flow_controlled_length < SMALL_FRAME_BYTES and not self._may_send_control_frame():
                     await self._end_for_flood()
                     return
                 self._drop_late_body(event)
@@ -286,11 +291,7 @@ class CollectorH2Protocol(H2Protocol):
             if not isinstance(frame, RstStreamFrame):
                 continue
             if frame.stream_id in self._reset_ids:
-                # h2 answering another frame on a stream already reset: that frame opened
-                # nothing (DATA or HEADERS on a reset stream, helper-120)
-                if not self._may_send_control_frame():
-                    self._over_control_allowance = True
-                continue
+                continue  # (h2 answering another frame on it: that frame was counted as it came)
             if len(self._reset_ids) > 10_000:
                 self._reset_ids.clear()
             self._reset_ids.add(frame.stream_id)
@@ -307,14 +308,33 @@ class CollectorH2Protocol(H2Protocol):
         self, receive: Callable[[Frame], tuple[list[Frame], list[h2.events.Event]]]
     ) -> Callable[[Frame], tuple[list[Frame], list[h2.events.Event]]]:
         def counted(frame: Frame) -> tuple[list[Frame], list[h2.events.Event]]:
-            opens_nothing = not isinstance(frame, DataFrame) or (not frame.data and "END_STREAM" not in frame.flags)
-            if opens_nothing and not self._may_send_control_frame():
+            if self._opens_nothing(frame) and not self._may_send_control_frame():
                 self._log_flood()
                 # (h2 answers this error with GOAWAY ENHANCE_YOUR_CALM; hypercorn then closes)
                 raise h2.exceptions.DenialOfServiceError("too many frames that open no stream")
             return receive(frame)
 
         return counted
+
+    def _opens_nothing(self, frame: Frame) -> bool:
+        """Whether a frame asks for work the client did not earn (helpers 118, 120, 123)."""
+        connection = self.connection
+        if isinstance(frame, HeadersFrame):  # (a new stream's, or trailers on an open one, are fine)
+            return frame.stream_id <= connection.highest_inbound_stream_id and frame.stream_id not in connection.streams
+        if isinstance(frame, DataFrame):
+            if not frame.data:
+                return "END_STREAM" not in frame.flags
+            # small DATA on a stream h2 has closed (reset): each drew a RST; large ones are
+            # bounded by flow control, and a body sent in full-size frames must not be cut
+            return len(frame.data) < SMALL_FRAME_BYTES and frame.stream_id not in connection.streams
+        if isinstance(frame, WindowUpdateFrame):
+            # one giving back window the server's DATA used is the client's duty, not a request
+            # (helper-123: h2load with 64 KB windows was cut downloading /metrics)
+            if frame.stream_id == 0:
+                return connection.outbound_flow_control_window >= DEFAULT_WINDOW
+            stream = connection.streams.get(frame.stream_id)
+            return stream is None or stream.outbound_flow_control_window >= connection.remote_settings.initial_window_size
+        return True
 
     def _may_send_control_frame(self) -> bool:
         """Spend one of the connection's allowance of frames that open no stream."""

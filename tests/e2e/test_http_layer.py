@@ -687,6 +687,105 @@ async def test_a_refused_http2_body_gives_its_window_back(nursery: trio.Nursery,
     assert await trio.to_thread.run_sync(_h2_window_back_after_a_refused_body, server.base_url) >= 32_000
 
 
+def _h2_refused_bodies_in_small_frames_then_get(base_url: str) -> str | None:
+    """Ten POSTs with no key (refused before their bodies are read), each body 30,000
+    bytes in 1,024-byte DATA frames as flow control allows, then a GET on the same
+    connection: its status (None: the connection froze)."""
+    with h2_client(base_url, timeout=5) as (sock, conn):
+        events: list[h2.events.Event] = []
+
+        def read() -> None:
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionResetError
+            events.extend(conn.receive_data(data))
+            sock.sendall(conn.data_to_send())
+
+        with contextlib.suppress(TimeoutError, ConnectionResetError, h2.exceptions.ProtocolError):
+            left = {}
+            for n in range(10):  # all ten opened, then their bodies side by side
+                conn.send_headers(1 + 2 * n, [(":method", "POST"), (":path", "/v1/events"), (":authority", "x"),
+                                              (":scheme", "http"), ("content-length", "30000")])
+                left[1 + 2 * n] = 30_000
+            while any(left.values()):
+                for stream in left:
+                    while left[stream] and conn.local_flow_control_window(stream) >= 1024:
+                        try:
+                            conn.send_data(stream, b"x" * 1024 if left[stream] > 1024 else b"x" * left[stream],
+                                           end_stream=left[stream] <= 1024)
+                        except h2.exceptions.StreamClosedError:  # (reset once answered)
+                            left[stream] = 0
+                            break
+                        left[stream] = max(0, left[stream] - 1024)
+                sock.sendall(conn.data_to_send())
+                if any(left.values()):
+                    read()
+            conn.send_headers(21, [(":method", "GET"), (":path", "/healthz"), (":authority", "x"), (":scheme", "http")],
+                              end_stream=True)
+            sock.sendall(conn.data_to_send())
+            while True:
+                for event in events:
+                    if isinstance(event, h2.events.ResponseReceived) and event.stream_id == 21:
+                        return dict(event.headers)[b":status"].decode()
+                read()
+    return None
+
+
+def test_bodies_refused_before_they_are_read_do_not_freeze_an_http2_connection(tmp_path: Path) -> None:
+    # helper-123: a refusal never reads its body, and hypercorn's 10-item queue for it filled
+    # with small DATA frames: the connection's only reader waited on it for ever (every stream,
+    # PING and WINDOW_UPDATE with it, past every timeout and after the client left). (A server
+    # process of its own: in this one, the client's thread and the server share the GIL, and
+    # the server's reader never got ahead of its routes.)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "collector", "serve", "--demo", "--env", "development", "--bind", "127.0.0.1:0",
+         "--data-dir", str(tmp_path / "data"), "--no-access-log"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().split("listening on ")[1].strip()
+        assert _h2_refused_bodies_in_small_frames_then_get(url) == "200"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+def _h2_downloads_with_a_small_window(base_url: str, requests: int) -> int:
+    """Sequential GET /metrics with a 1 KiB stream window, acknowledging each DATA as it
+    comes (a WINDOW_UPDATE every half window): how many were answered in full."""
+    answered = 0
+    with h2_client(base_url, timeout=10, settings={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1024}) as (
+        sock, conn
+    ), contextlib.suppress(ConnectionResetError, BrokenPipeError, TimeoutError, h2.exceptions.ProtocolError):
+        for n in range(requests):
+            stream = 1 + 2 * n
+            conn.send_headers(stream, [(":method", "GET"), (":path", "/metrics"), (":authority", "x"),
+                                       (":scheme", "http")], end_stream=True)
+            sock.sendall(conn.data_to_send())
+            done = False
+            while not done:
+                data = sock.recv(65536)
+                if not data:
+                    return answered
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.DataReceived):
+                        conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                    elif isinstance(event, h2.events.ConnectionTerminated):
+                        return answered
+                    done = done or (isinstance(event, h2.events.StreamEnded) and event.stream_id == stream)
+                sock.sendall(conn.data_to_send())
+            answered += 1
+    return answered
+
+
+async def test_window_updates_a_download_needs_are_not_a_flood(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # helper-123: the WINDOW_UPDATEs a client owes for the server's DATA were counted against
+    # the allowance, and h2load with 64 KB windows was cut downloading /metrics
+    server = await start_server(nursery, tmp_path)
+    assert await trio.to_thread.run_sync(_h2_downloads_with_a_small_window, server.base_url, 100) == 100
+
+
 def _h2_priority_chain(base_url: str, requests: int) -> int:
     """Sequential GETs, each HEADERS depending on the stream before it (answered by
     then): how many were answered."""
