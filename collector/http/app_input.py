@@ -17,7 +17,6 @@ it then waits).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -42,12 +41,14 @@ class EndedRoutesDropTheirInput(TaskGroup):
         self._nursery.start_soon(run_route)
 
         async def put(message: Any) -> None:
-            if message.get("type") == "http.disconnect":  # (also put by the route's own last send)
-                with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            # (try/except, not contextlib.suppress: this runs for every request's body)
+            try:
+                if message["type"] == "http.disconnect":  # (also put by the route's own last send)
                     sender.send_nowait(message)
-                return
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                await sender.send(message)
+                else:
+                    await sender.send(message)
+            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
 
         return put
 

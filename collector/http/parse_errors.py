@@ -38,10 +38,15 @@ EMPTY_LINES_SKIPPED = 2  # RFC 9112 2.2: "at least one"; a few more would only f
 
 def _skipping_empty_lines(read_request_line: Any) -> Any:
     def read(buf: ReceiveBuffer) -> h11.Request | None:
+        data = buf._data
+        if data[:1] not in b"\r\n" or not data:  # (every request but these: h11's reader alone)
+            request: h11.Request | None = read_request_line(buf)
+            if request is not None and hasattr(buf, "empty_lines_skipped"):
+                buf.empty_lines_skipped = 0  # type: ignore[attr-defined]
+            return request
         # (counted per request, on the connection's buffer: per read, one a read let a
         # client trickle empty lines for ever, helper-120)
         skipped = getattr(buf, "empty_lines_skipped", 0)
-        data = buf._data
         while skipped < EMPTY_LINES_SKIPPED:
             if data[:2] == b"\r\n":
                 buf._extract(2)
@@ -54,7 +59,7 @@ def _skipping_empty_lines(read_request_line: Any) -> Any:
         buf.empty_lines_skipped = skipped  # type: ignore[attr-defined]
         if data == b"\r" and skipped < EMPTY_LINES_SKIPPED:  # half an empty line: wait for the rest
             return None
-        request: h11.Request | None = read_request_line(buf)
+        request = read_request_line(buf)
         if request is not None:
             buf.empty_lines_skipped = 0  # type: ignore[attr-defined]
         return request
