@@ -436,8 +436,8 @@ async def serve(
         app = build_asgi(services)
         async with trio.open_nursery() as outer:
             await outer.start(services.writer.run)
-            if worker_index == 0 and isinstance(services.writer.clock_ms, AgeClock):  # (the others follow it)
-                outer.start_soon(watch_wall_clock, services.writer.clock_ms)
+            if worker_index == 0 or not boot_id():  # (the others follow worker 0's time, when there is one)
+                outer.start_soon(watch_wall_clock, services.writer.submit)
             if metrics_dir is not None:
                 shared = services.metrics.shared = SharedMetrics(metrics_dir, worker_index)
                 outer.start_soon(publish_every_second, shared, services.metrics.process_families)

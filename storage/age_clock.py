@@ -23,22 +23,25 @@ a step does not believe it at once (helper-111). After a reboot the anchor says
 nothing, and the wall clock is believed as the process finds it.
 
 Receipt times, billing periods and signature windows stay on the wall clock:
-each process has its own ten minutes of distrust, and workers disagreeing about
-them split a request's billing period by the worker that answered (helper-112).
+when each process had a guard of its own, workers disagreeing about them split a
+request's billing period by the worker that answered (helper-112). The writer's
+time itself is one for every process: see SharedClock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from storage.errors import StorageError
 from storage.throttled_log import ThrottledLog
 
 log = logging.getLogger("collector.storage")
@@ -137,40 +140,51 @@ class SharedClock:
     def __init__(self, guard: AgeClock, boot: bytes, *, decides: bool) -> None:
         self._guard = guard
         self._boot = boot
-        self._decides = decides
-        self._published: Reading | None = None
+        self.decides = decides
 
     def now_in(self, txn: Any, meta_db: Any) -> int:
-        """Milliseconds for the write transaction `txn` (meta_db: where the anchor is)."""
+        """Milliseconds for the write transaction `txn` (meta_db: where the anchor is).
+
+        Worker 0's guard is read only here, inside a transaction (its watch() is a
+        transaction a second), so the transaction where it comes to believe a step
+        is the one that publishes it: read in a watch outside any, the new time
+        reached the others only at worker 0's next write, and what they stamped
+        meanwhile its sweep then removed (helper-124). What is published is compared
+        with what is stored, not remembered: a transaction that is aborted and
+        redone publishes again.
+        """
         if not self._boot:  # (no anchor without a boot id: each process on its own)
             return self._guard()
-        if self._decides:
-            now = self._guard()
-            reading = self._guard.anchor()
-            published = self._published
-            if reading is not None and (
-                published is None or abs(reading[0] - _projected(published, reading[1])) > PUBLISH_WHEN_OFF_MS
-            ):
-                txn.put(ANCHOR_KEY, encode_anchor(reading, self._boot), db=meta_db)
-                self._published = reading
-            return now
-        anchor = decode_anchor(txn.get(ANCHOR_KEY, db=meta_db), self._boot)
-        if anchor is None:  # (worker 0 has not committed yet)
-            return self._guard()
-        return _projected(anchor, self._guard.steady_s())
+        stored = decode_anchor(txn.get(ANCHOR_KEY, db=meta_db), self._boot)
+        if not self.decides:
+            # (before worker 0's first commit, its own guard)
+            return self._guard() if stored is None else _projected(stored, self._guard.steady_s())
+        now = self._guard()
+        reading = self._guard.anchor()
+        if reading is not None and (
+            stored is None or abs(reading[0] - _projected(stored, reading[1])) > PUBLISH_WHEN_OFF_MS
+        ):
+            txn.put(ANCHOR_KEY, encode_anchor(reading, self._boot), db=meta_db)
+        return now
 
 
-async def watch(clock: AgeClock, every_s: float = 1.0) -> None:
-    """Read `clock` every second, commits or none.
+class _Tick:
+    """A write transaction with nothing in it but the writer's time (SharedClock.now_in)."""
 
-    A guard learns of a step when it is read. Read only at commits, a worker that
-    committed nothing for 5 minutes after a step started its 10 minutes then, and
-    believed the step 5 minutes after the other workers: meanwhile their stamps
-    differed by the whole step (helper-116). Each worker's guard now starts within
-    a second of the others.
+    def run(self, ctx: Any) -> None:
+        return None
+
+
+async def watch(submit: Callable[[Any], Awaitable[Any]], every_s: float = 1.0) -> None:
+    """A write transaction every second, requests or none, which reads the guard.
+
+    A guard learns of a step when it is read. Read only at commits, an idle worker
+    started its 10 minutes at its next one, minutes late (helper-116). `submit`: the
+    writer's. (A transaction that writes nothing is not synced.)
     """
     while True:
-        clock()
+        with contextlib.suppress(StorageError):  # (a busy or full writer: the next second)
+            await submit(_Tick())
         await trio.sleep(every_s)
 
 

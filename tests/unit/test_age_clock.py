@@ -172,3 +172,28 @@ def test_every_process_stamps_with_the_time_worker_0_decides(tmp_path: Path) -> 
     assert restarted() < believed - 86_400_000  # (its own guard would still distrust it)
     clocks.pass_s(30)
     assert abs(stamp(worker1) - clocks.wall_ms) <= 1
+
+
+def test_a_publication_rolled_back_is_made_again(tmp_path: Path) -> None:
+    # helper-124: what was published was remembered, not read back; a transaction aborted
+    # and redone after worker 0 believed a step published nothing, and the others stamped
+    # the old time until the next sweep
+    storage = Storage(tmp_path)
+    clocks = Clocks()
+    decider = AgeClock(lambda: clocks.wall_ms, lambda: clocks.steady_s)
+    worker0 = SharedClock(decider, b"boot-1", decides=True)
+    worker1 = SharedClock(AgeClock(lambda: clocks.wall_ms, lambda: clocks.steady_s), b"boot-1", decides=False)
+    with storage.env.begin(write=True) as txn:
+        worker0.now_in(txn, storage.dbs.meta)
+    clocks.wall_ms += 8 * 86_400_000
+    clocks.pass_s(1)
+    with storage.env.begin(write=True) as txn:
+        worker0.now_in(txn, storage.dbs.meta)  # the step seen: distrusted
+    clocks.pass_s(TRUST_AFTER_S)
+    txn = storage.env.begin(write=True)
+    believed = worker0.now_in(txn, storage.dbs.meta)  # believed, and published ...
+    txn.abort()  # ... in a transaction that did not commit
+    with storage.env.begin(write=True) as txn:
+        assert worker0.now_in(txn, storage.dbs.meta) == believed  # published again
+    with storage.env.begin(write=True) as txn:
+        assert abs(worker1.now_in(txn, storage.dbs.meta) - believed) <= 1
