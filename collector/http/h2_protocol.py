@@ -150,7 +150,6 @@ class CollectorH2Protocol(H2Protocol):
         for frame_type in (PingFrame, SettingsFrame, PriorityFrame, WindowUpdateFrame, ExtensionFrame, DataFrame,
                            RstStreamFrame, GoAwayFrame, HeadersFrame):
             dispatch[frame_type] = self._counting_control_frames(dispatch[frame_type])
-        self._over_control_allowance = False
         # Resets h2 sends itself, for a client's frame that broke a stream, come with no
         # event when the stream had ended its request (DATA after END_STREAM): seen here.
         self._prepare_for_sending = connection._prepare_for_sending
@@ -267,8 +266,6 @@ class CollectorH2Protocol(H2Protocol):
             return
         if self._over_reset_allowance:
             await self._calm_down()
-        elif self._over_control_allowance:
-            await self._end_for_flood()
         elif (block := self.connection.incoming_buffer._headers_buffer) and sum(
             len(frame.data) for frame in block
         ) > HEADER_BLOCK_MAX_BYTES:
