@@ -436,8 +436,9 @@ async def serve(
         app = build_asgi(services)
         async with trio.open_nursery() as outer:
             await outer.start(services.writer.run)
-            if worker_index == 0 or not boot_id():  # (the others follow worker 0's time, when there is one)
-                outer.start_soon(watch_wall_clock, services.writer.submit)
+            guard = services.writer.clock_ms
+            if isinstance(guard, AgeClock) and (worker_index == 0 or not boot_id()):  # (the others follow worker 0)
+                outer.start_soon(watch_wall_clock, guard, services.writer.submit)
             if metrics_dir is not None:
                 shared = services.metrics.shared = SharedMetrics(metrics_dir, worker_index)
                 outer.start_soon(publish_every_second, shared, services.metrics.process_families)

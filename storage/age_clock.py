@@ -112,6 +112,16 @@ class AgeClock:
     def steady_s(self) -> float:
         return self._steady_s()
 
+    def keeping_pace(self) -> bool:
+        """Whether the wall clock keeps pace and no step is being waited out: a reading
+        now would change nothing. (Looks only: the guard moves only when read.)"""
+        wall, steady = self._wall_ms(), self._steady_s()
+        with self._lock:
+            if self._believed is None or self._reference is None or self._away_since is not None:
+                return False
+            return (abs(wall - _projected(self._believed, steady)) <= SLACK_MS
+                    and abs(wall - _projected(self._reference, steady)) <= SLACK_MS)
+
     def anchor(self) -> Reading | None:
         """The time believed, as of now on the steady clock (None before a reading)."""
         with self._lock:
@@ -175,16 +185,20 @@ class _Tick:
         return None
 
 
-async def watch(submit: Callable[[Any], Awaitable[Any]], every_s: float = 1.0) -> None:
-    """A write transaction every second, requests or none, which reads the guard.
+async def watch(guard: AgeClock, submit: Callable[[Any], Awaitable[Any]], every_s: float = 1.0) -> None:
+    """Each second, requests or none, a write transaction that reads the guard, when the
+    wall clock has stepped or a step is being waited out.
 
     A guard learns of a step when it is read. Read only at commits, an idle worker
-    started its 10 minutes at its next one, minutes late (helper-116). `submit`: the
-    writer's. (A transaction that writes nothing is not synced.)
+    started its 10 minutes at its next one, minutes late (helper-116). Only when
+    needed: a transaction always in flight held SIGTERM for as long as another
+    process held LMDB's writer lock, and filled the commit metrics (helper-125).
+    `submit`: the writer's. (A transaction that writes nothing is not synced.)
     """
     while True:
-        with contextlib.suppress(StorageError):  # (a busy or full writer: the next second)
-            await submit(_Tick())
+        if not guard.keeping_pace():
+            with contextlib.suppress(StorageError):  # (a busy or full writer: the next second)
+                await submit(_Tick())
         await trio.sleep(every_s)
 
 

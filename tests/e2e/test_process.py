@@ -1002,3 +1002,26 @@ def test_tenants_import_reads_standard_input_for_a_dash(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "collector", "tenants", "import", "-", "--data-dir", str(tmp_path / "d")],
                           input=json.dumps(record), capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout) == (0, "imported cs_live_stdin0000 clientId=piped keyType=browser\n"), done
+
+
+def test_an_idle_server_stops_at_once_while_another_process_holds_the_writer_lock(tmp_path: Path) -> None:
+    # helper-125: a clock transaction submitted every second was always waiting for LMDB's
+    # writer lock, and SIGTERM waited with it for as long as another process held the lock.
+    server = ServerProcess(tmp_path)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import lmdb, sys, time\n"
+         "env = lmdb.open(sys.argv[1], max_dbs=64)\ntxn = env.begin(write=True)\nprint('held', flush=True)\n"
+         "time.sleep(30)", str(server.data_dir)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        time.sleep(2.5)  # idle, with the lock held elsewhere
+        started = time.monotonic()
+        assert server.stop(signal.SIGTERM, timeout=10) == 0
+        assert time.monotonic() - started < 5
+    finally:
+        holder.kill()
+        holder.wait()
+        if server.proc.poll() is None:
+            server.proc.kill()
