@@ -82,7 +82,7 @@ class AgeClock:
                 self._believed = self._reference = (wall, steady)
                 return wall
             expected = _projected(self._believed, steady)
-            if abs(wall - expected) <= SLACK_MS and abs(wall - _projected(self._reference, steady)) <= SLACK_MS:
+            if self._keeps_pace(wall, steady):
                 self._away_since = None
                 self._believed = (wall, steady)
                 if steady - self._reference[1] >= REFERENCE_S:
@@ -117,10 +117,14 @@ class AgeClock:
         now would change nothing. (Looks only: the guard moves only when read.)"""
         wall, steady = self._wall_ms(), self._steady_s()
         with self._lock:
-            if self._believed is None or self._reference is None or self._away_since is not None:
-                return False
-            return (abs(wall - _projected(self._believed, steady)) <= SLACK_MS
-                    and abs(wall - _projected(self._reference, steady)) <= SLACK_MS)
+            return self._away_since is None and self._keeps_pace(wall, steady)
+
+    def _keeps_pace(self, wall: int, steady: float) -> bool:
+        """(Under the lock.) Within SLACK_MS of the last reading believed and of the reference."""
+        if self._believed is None or self._reference is None:
+            return False
+        return (abs(wall - _projected(self._believed, steady)) <= SLACK_MS
+                and abs(wall - _projected(self._reference, steady)) <= SLACK_MS)
 
     def anchor(self) -> Reading | None:
         """The time believed, as of now on the steady clock (None before a reading)."""
@@ -155,9 +159,9 @@ class SharedClock:
     def now_in(self, txn: Any, meta_db: Any) -> int:
         """Milliseconds for the write transaction `txn` (meta_db: where the anchor is).
 
-        Worker 0's guard is read only here, inside a transaction (its watch() is a
-        transaction a second), so the transaction where it comes to believe a step
-        is the one that publishes it: read in a watch outside any, the new time
+        Worker 0's guard is read only here, inside a transaction (its watch() submits
+        an empty one when the clock is off pace), so the transaction where it comes
+        to believe a step is the one that publishes it: read in a watch outside any, the new time
         reached the others only at worker 0's next write, and what they stamped
         meanwhile its sweep then removed (helper-124). What is published is compared
         with what is stored, not remembered: a transaction that is aborted and
