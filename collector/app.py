@@ -77,7 +77,6 @@ from storage.age_clock import (
     boot_id,
     boot_seconds,
     decode_anchor,
-    encode_anchor,
 )
 from storage.age_clock import watch as watch_wall_clock
 from storage.counters import iter_counters, mark_overage_counting
@@ -376,12 +375,6 @@ async def noop_handler(scope: Scope, receive: Receive, send: Send) -> None:
     await send_response(send, 202, b'{"success":true}', [])
 
 
-def _recorded_anchor(clock: Callable[[], int], boot: bytes) -> bytes | None:
-    """What the retention sweep records for the next process of this boot to start from."""
-    reading = clock.anchor() if isinstance(clock, AgeClock) and boot else None
-    return encode_anchor(reading, boot) if reading is not None else None
-
-
 def hypercorn_config(settings: Settings) -> HypercornConfig:
     config = HypercornConfig()
     config.bind = [settings.bind]
@@ -453,7 +446,6 @@ async def serve(
                     idempotency_window_ms=settings.idempotency_window_ms,
                     consumers=(VISITORS_CURSOR,),  # every outbox consumer registers here
                     replay_retention_ms=int(settings.replay_retention_hours * 3_600_000),
-                    clock_anchor=partial(_recorded_anchor, services.writer.clock_ms, boot_id()),
                 )
                 await outer.start(
                     partial(run_retention, interval_s=settings.retention_interval_s),

@@ -17,8 +17,8 @@ that holds (a clock that was wrong and was put right) is then believed. A step
 that is undone within that time (the usual glitch) is never seen in a stamp.
 
 A new process (a restarted worker, serve restarted by systemd) starts from the
-anchor the retention sweep records in `meta` (the time believed, against the
-time since boot, which every process of one boot shares), so a restart during
+anchor worker 0's writer publishes in `meta` (SharedClock: the time believed,
+against the time since boot, which every process of one boot shares), so a restart during
 a step does not believe it at once (helper-111). After a reboot the anchor says
 nothing, and the wall clock is believed as the process finds it.
 
@@ -148,7 +148,7 @@ class SharedClock:
     that worker's new records by its own time, days on: it removed them at once, and
     their retries were stored again (helper-121). LMDB serialises write transactions
     across processes, so a time published in one is the time of every later one, in
-    every process. The sweep also records it (the anchor a new process starts from).
+    every process; it is also the anchor a new process starts from.
     """
 
     def __init__(self, guard: AgeClock, boot: bytes, *, decides: bool) -> None:

@@ -27,13 +27,12 @@ and deletes, so running it again in a retried group is harmless.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import msgspec
 import trio
 
 from storage import idempotency, outbox, replay
-from storage.age_clock import ANCHOR_KEY
 from storage.errors import UNREADABLE_RECORD, StorageError, StorageFull
 from storage.writer import GroupCommitWriter, WriteContext
 
@@ -80,7 +79,6 @@ class RetentionSweep:
         consumers: Sequence[str] = (),
         batch: int = 5000,
         replay_retention_ms: int | None = None,
-        clock_anchor: Callable[[], bytes | None] | None = None,
     ) -> None:
         if batch < 1:
             raise ValueError("batch must be at least 1")
@@ -89,7 +87,6 @@ class RetentionSweep:
         self.consumers = list(consumers)
         self.batch = batch
         self.replay_retention_ms = replay_retention_ms  # None: replay chunks are kept
-        self.clock_anchor = clock_anchor  # recorded with each sweep (storage/age_clock.py)
         # Totals of committed sweeps, kept by run_retention (a job may run twice
         # when its group is retried, so run() itself counts nothing).
         self._stats = dict.fromkeys(
@@ -103,8 +100,6 @@ class RetentionSweep:
         idem_removed, scanned, idem_more = self._sweep_idempotency(ctx)
         replay_removed, replay_scanned, replay_more = self._sweep_replay(ctx)
         ctx.txn.put(LAST_SWEEP, ctx.now_ms.to_bytes(8, "big"), db=ctx.dbs.meta)
-        if self.clock_anchor is not None and (anchor := self.clock_anchor()) is not None:
-            ctx.txn.put(ANCHOR_KEY, anchor, db=ctx.dbs.meta)
         return SweepResult(
             outbox_removed,
             idem_removed,

@@ -980,11 +980,11 @@ async def test_a_server_restarted_during_a_clock_jump_does_not_believe_it(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     # helper-111: a worker killed during a jump was restarted believing it, and its sweep
-    # removed every stored event. A process starts from the anchor the sweep records.
+    # removed every stored event. A process starts from the anchor worker 0's writer publishes.
     settings = {"outbox_retention_hours": 1, "idempotency_window_hours": 24, "retention_interval_s": 0.2}
     first = await start_server(nursery, tmp_path, steady=time.monotonic, **settings)
     assert (await post(first, pageview("anchored"))).json()["accepted"] == 1
-    await trio.sleep(0.6)  # a sweep or two record the anchor
+    await trio.sleep(0.6)  # (its first commit published the anchor; a sweep or two ran)
     first.cancel.cancel()
     await trio.sleep(0.5)  # (its storage closed)
     (tmp_path / "again").mkdir()
