@@ -114,7 +114,7 @@ def prepare_data_dir(storage: Storage, settings: Settings, now_ms: int) -> None:
     if settings.tenants:
         # start-up, before anything serves: a blocking read is fine here
         imported = import_tenants(storage, Path(settings.tenants).read_bytes())
-        for note in [*imported.term_changes, *imported_term_notes(storage, imported.records)]:  # as `tenants import`
+        for note in imported_term_notes(storage, imported):  # what `tenants import` prints
             log.warning("tenants file %s: %s", settings.tenants, note)
     settle_account_suspension(storage)  # (idempotent: writes only what an older import left)
     mark_overage_counting(storage, billing_period(now_ms))

@@ -225,7 +225,7 @@ def cmd_tenants_import(args: argparse.Namespace) -> int:
             # (a revoked key stays revoked: serve --tenants imports its file at every start)
             still = f" (revoked at {record.revokedAt}: it stays revoked)" if record.revokedAt else ""
             print(one_line(f"imported {record.key} clientId={record.clientId} keyType={record.key_type}{still}"))
-        notes = [*imported.term_changes, *imported_term_notes(storage, imported.records)]
+        notes = imported_term_notes(storage, imported)
     for note in notes:
         print(one_line(f"collector: note: {note}"), file=sys.stderr)
     return 0

@@ -247,15 +247,17 @@ def list_records(
     return records
 
 
-def imported_term_notes(storage: Storage, imported: list[KeyRecord]) -> list[str]:
-    """The notes on the stored terms of each billing account `imported` touched
-    (limits.usage.term_notes), which `tenants import` prints and `serve` logs."""
-    touched = {record.billing_account for record in imported}
+def imported_term_notes(storage: Storage, imported: ImportedTenants) -> list[str]:
+    """The notes `tenants import` prints and `serve` logs: the terms the import changed,
+    then those on the stored terms of each billing account it touched
+    (limits.usage.term_notes)."""
+    touched = {record.billing_account for record in imported.records}
     live = [r for r in list_records(storage, on_unreadable=lambda key, error: None)  # check lists them
             if r.billing_account in touched and not r.revokedAt]
     notes = (note for record in sorted(live, key=lambda r: r.billing_account) for note in term_notes(record))
     # (every key of an account has its terms: once each)
-    return [*_type_notes(imported), *_shared_account_notes(live), *dict.fromkeys(notes)]
+    return [*imported.term_changes, *_type_notes(imported.records), *_shared_account_notes(live),
+            *dict.fromkeys(notes)]
 
 
 def _shared_account_notes(live: list[KeyRecord]) -> list[str]:

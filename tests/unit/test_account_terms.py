@@ -115,7 +115,7 @@ def test_an_account_keeps_its_paid_plan_when_a_key_moves_away(tmp_path: Path) ->
 def test_import_notes_a_pageview_ceiling_that_does_nothing(tmp_path: Path) -> None:
     # Overage is in force only for a paid account: a free key's `overage: true` leaves the
     # contract's pageviewCeiling idle, and the import says so.
-    from collector.tenants_admin import imported_term_notes
+    from collector.tenants_admin import ImportedTenants, imported_term_notes
 
     site = {"sites": [{"siteId": "w", "domains": ["a.example"]}]}
     keys = [
@@ -129,7 +129,7 @@ def test_import_notes_a_pageview_ceiling_that_does_nothing(tmp_path: Path) -> No
     storage = Storage(tmp_path)
     try:
         _import(storage, *keys)
-        notes = imported_term_notes(storage, list_records(storage))
+        notes = imported_term_notes(storage, ImportedTenants(list_records(storage), term_changes=[]))
         idle = [note.split(" has ")[0] for note in notes if "pageviewCeiling but overage off" in note]
         assert idle == ["billing account 'f'", "billing account 'q'"]
         # (p's ceiling is in force, and below the 25,000 pageviews of its package: noted too)
