@@ -126,12 +126,12 @@ class ConnectionGuard:
         while isinstance(cause, BaseExceptionGroup) and len(cause.exceptions) == 1:
             cause = cause.exceptions[0]  # hypercorn's task groups wrap what they raise
         self._count(type(cause).__name__)
-        # Where it failed, and what, but not the exception's message: hypercorn's and
-        # h11's carry the request they failed on, headers and all (helper-109: an API
-        # key, a signature and a stream token were written to the log).
         held = self._throttle.admit()
         if held is None:
             return
+        # Where it failed, and what, but not the exception's message: hypercorn's and
+        # h11's carry the request they failed on, headers and all (helper-109: an API
+        # key, a signature and a stream token were written to the log).
         where = "".join(traceback.format_tb(cause.__traceback__))
         log.warning(
             "a connection ended on an error in the HTTP layer; the server goes on"
@@ -231,7 +231,6 @@ class ConnectionLimits:
         self._unrouted.record(request, "connection_cap", 503, "service_unavailable", started)
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             await trio.aclose_forcefully(stream)
-
 
     async def _refuse_http2(self, stream: trio.SocketStream, which: str, why: str, started: float) -> None:
         """A prior-knowledge HTTP/2 client gets HTTP/2's refusal: GOAWAY, no stream taken

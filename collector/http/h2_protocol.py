@@ -120,11 +120,16 @@ def _exempt(client: tuple[str, int] | None) -> bool:
     return client is not None and exempt_peers(client[0])
 
 
+def _one_spent(left: float, elapsed: float, burst: int, per_s: float) -> float:
+    """A token bucket's `left` after `elapsed` seconds of refill and one spent (below 0: none was left)."""
+    return min(float(burst), left + elapsed * per_s) - 1
+
+
 def _may_reset(address: str) -> bool:
     """Whether a client's stream reset fits its allowance (a token bucket per address)."""
     now = trio.current_time()
     left, counted_at = _resets_left.pop(address, (float(RESETS_BURST), now))
-    left = min(float(RESETS_BURST), left + (now - counted_at) * RESETS_PER_S) - 1
+    left = _one_spent(left, now - counted_at, RESETS_BURST, RESETS_PER_S)
     _resets_left[address] = (left, now)  # (re-inserted: the most recent last)
     if len(_resets_left) > RESET_ADDRESSES:
         del _resets_left[next(iter(_resets_left))]
@@ -208,7 +213,7 @@ class CollectorH2Protocol(H2Protocol):
 
     async def _calm_down(self) -> None:
         _rapid_reset("HTTP/2 client %s reset streams faster than %d a second: its connection was closed",
-                     self.client[0] if self.client else "-", RESETS_PER_S, cause="rapid reset")
+                     self._client_address, RESETS_PER_S, cause="rapid reset")
         await self._end_with_goaway(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
 
     async def _end_with_goaway(self, error_code: int, last_stream_id: int | None = None) -> None:
@@ -270,11 +275,16 @@ class CollectorH2Protocol(H2Protocol):
             len(frame.data) for frame in block
         ) > HEADER_BLOCK_MAX_BYTES:
             _flood("HTTP/2 client %s sent a header block over %d bytes: its connection was closed",
-                   self.client[0] if self.client else "-", HEADER_BLOCK_MAX_BYTES, cause="header block")
+                   self._client_address, HEADER_BLOCK_MAX_BYTES, cause="header block")
             await self._end_with_goaway(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
 
     def _may_reset(self) -> bool:
         return _exempt(self.client) or _may_reset(_reset_budget_of(self.client))
+
+    @property
+    def _client_address(self) -> str:
+        """The client's address, for a log line."""
+        return self.client[0] if self.client else "-"
 
     def _sending(self, frames: list[Frame]) -> None:
         """h2's way out for every frame: the first reset of a stream, which a frame of the
@@ -337,12 +347,12 @@ class CollectorH2Protocol(H2Protocol):
         """Spend one of the connection's allowance of frames that open no stream."""
         now = trio.current_time()
         elapsed, self._control_counted_at = now - self._control_counted_at, now
-        self._control_left = min(float(CONTROL_FRAMES_BURST), self._control_left + elapsed * CONTROL_FRAMES_PER_S) - 1
+        self._control_left = _one_spent(self._control_left, elapsed, CONTROL_FRAMES_BURST, CONTROL_FRAMES_PER_S)
         return self._control_left >= 0 or _exempt(self.client)
 
     def _log_flood(self) -> None:
         _flood("HTTP/2 client %s sent frames that open no stream faster than %d a second: its connection"
-               " was closed", self.client[0] if self.client else "-", CONTROL_FRAMES_PER_S, cause="control frame flood")
+               " was closed", self._client_address, CONTROL_FRAMES_PER_S, cause="control frame flood")
 
     async def _end_for_flood(self) -> None:
         self._log_flood()
