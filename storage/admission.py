@@ -36,11 +36,11 @@ class Candidate(msgspec.Struct, frozen=True):
     # A consent transition also records the visitor's latest state (newest wins).
     consent_key: bytes | None = None
     consent_state: consent.RecordedConsent | None = None
-    # What the previous version hashed the same content to, when it differs: a
-    # stored record with it is this content too (a retry across the upgrade).
-    legacy_hash: bytes | None = None
-    # Older versions' hashes of the same content, asked for only when a stored
-    # record matches neither hash above (they cost an encoding to work out).
+    # What versions before the keyed hash stored for the same content (unkeyed):
+    # a record of theirs with one is this content too (a retry across the upgrade).
+    earlier_hashes: tuple[bytes, ...] = ()
+    # Older versions' hashes of the same content (numbers as floats), asked for only
+    # when a record of those versions matches none above (they cost an encoding).
     older_hashes: Callable[[], tuple[bytes, ...]] | None = None
     # A pageview's or scroll's page fact: stored as the outbox record's last
     # fact, only on those records (see storage.outbox.OutboxRecord.page).
@@ -143,10 +143,14 @@ def _readable_ledger(raw: bytes | memoryview, key: bytes) -> idempotency.Idempot
 
 def _same_content(record: idempotency.IdempotencyRecord, cand: Candidate) -> bool:
     """The stored record is of this candidate's content, hashed by this version or an earlier one."""
-    if record.content_hash in (cand.content_hash, cand.legacy_hash):
+    if record.hash_form == idempotency.HASHED_KEYED:
+        return record.content_hash == cand.content_hash
+    # A record of an earlier version holds an unkeyed hash.
+    if record.content_hash in cand.earlier_hashes:
         return True
-    # Only a record of an earlier version may hold the float forms: one of this version
-    # with `50.0` is other content than a retry with `50` (helpers 87 and 88).
+    # Only a record of a version before numbers were hashed as written may hold the
+    # float forms: one with `50.0` hashed as written is other content than a retry
+    # with `50` (helpers 87 and 88).
     return (
         record.hash_form != idempotency.HASHED_AS_WRITTEN
         and cand.older_hashes is not None
@@ -282,7 +286,7 @@ class Admission:
             receipt_format = outbox.receipt_format(ctx.storage.node_id)
             client_id, site_id, key_type = self.client_id, self.site_id, self.key_type
             encode_record, encode_ledger = outbox.encode_fields, idempotency.encode_fields
-            hashed_as_written = idempotency.HASHED_AS_WRITTEN
+            hash_form = idempotency.HASHED_KEYED
             outbox_rows = []
             ledger_rows = []
             consents = []
@@ -309,7 +313,7 @@ class Admission:
                     fields += (cand.page,)
                 outbox_rows.append((seq.to_bytes(8, "big"), encode_record(fields)))
                 ledger_rows.append(
-                    (keys[index], encode_ledger((cand.content_hash, receipt, now_ms, hashed_as_written)))
+                    (keys[index], encode_ledger((cand.content_hash, receipt, now_ms, hash_form)))
                 )
                 if cand.consent_key is not None:
                     consents.append(cand)

@@ -19,13 +19,17 @@ class IdempotencyRecord(msgspec.Struct, array_like=True, frozen=True):
     content_hash: bytes
     receipt_id: str
     stored_ms: int
-    # How the hash was made: HASHED_AS_WRITTEN, or 0 (absent: a record of a version before
+    # How the hash was made: HASHED_KEYED, HASHED_AS_WRITTEN, or 0 (absent: a record of a version before
     # 2026-11-25, which hashed the constrained number fields as floats; collector.ingest.number_forms).
     # (Versions before it read a record this long too: msgspec ignores trailing items.)
     hash_form: int = 0
 
 
-HASHED_AS_WRITTEN = 1  # numbers hashed in the form they were sent
+HASHED_AS_WRITTEN = 1  # numbers hashed in the form they were sent, unkeyed xxh3_128
+# The keyed hash (collector.ingest.sealing.content_digest), numbers as written: from 2026-11-26.
+# An unkeyed hash of the event as sent let the holder of the data file confirm guesses of
+# the sealed, withheld and scrubbed values it covers.
+HASHED_KEYED = 2
 
 
 _encoder = msgspec.msgpack.Encoder()

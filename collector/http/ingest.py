@@ -366,7 +366,7 @@ def _candidate(client_id: str, site_id: str, ev: AcceptedEvent) -> Candidate:
     if state is None:
         return Candidate(
             ev.eid, ev.content_hash, ev.stored, _UNIT_OF[ev.meter], *facts,
-            legacy_hash=ev.legacy_hash, older_hashes=_older_hashes(ev), page=ev.page,
+            earlier_hashes=ev.earlier_hashes, older_hashes=_older_hashes(ev), page=ev.page,
         )
     return Candidate(
         ev.eid,
@@ -379,7 +379,7 @@ def _candidate(client_id: str, site_id: str, ev: AcceptedEvent) -> Candidate:
             state.at_ms, state.analytics, state.identityResolution, state.thirdPartySharing, state.eid,
             identity_at_ms=state.identity_at_ms,
         ),
-        legacy_hash=ev.legacy_hash,
+        earlier_hashes=ev.earlier_hashes,
         older_hashes=_older_hashes(ev),
     )
 

@@ -41,7 +41,7 @@ class IngestContext(msgspec.Struct, frozen=True, kw_only=True):
     content_identity: bytes | None = None
     # The same request encoded as before object keys inside its free-form maps
     # were sorted, when that differs: a retry of a request first stored by the
-    # previous version still matches (see legacy_hash).
+    # previous version still matches (see AcceptedEvent.earlier_hashes).
     legacy_identity: bytes | None = None
     edge: bool = False  # body is a POST /v1/edge/pageview body, not an events body
     strict_consent: bool = False  # the bound property drops events without analytics consent
@@ -56,7 +56,7 @@ class AcceptedEvent(msgspec.Struct, frozen=True):
     index: int
     eid: str
     event_type: str
-    content_hash: bytes  # 16 bytes: xxh3_128 of the client content, before enrichment
+    content_hash: bytes  # 16 bytes: the keyed hash of the client content, before enrichment
     stored: bytes  # JSON of the enriched event exactly as it goes to the outbox
     meter: MeterKind
     is_bot: bool = False
@@ -64,10 +64,9 @@ class AcceptedEvent(msgspec.Struct, frozen=True):
     consent_state: ConsentState | None = None  # set for _consent_transition events
     visitor_id: str = ""
     event_ms: int = 0  # the client's own timestamp (relative timing: rage clicks)
-    # The hash the previous version gave this content, when it differs (object
-    # keys inside free-form maps were not sorted): admission takes a stored
-    # record with either hash as the same content.
-    legacy_hash: bytes | None = None
+    # The unkeyed hashes versions before the keyed one stored for this content
+    # (ingest.content_hash): admission compares them with records of those versions.
+    earlier_hashes: tuple[bytes, ...] = ()
     # The event as hashed (before enrichment): from it, the hashes versions before
     # 2026-11-25 gave it (numbers as floats) are worked out, only when a stored
     # record matches neither hash (see ingest.number_forms).

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from collector.ingest.content_hash import event_hashes
+from collector.ingest.content_hash import unkeyed_event_hashes
 from collector.ingest.schema import (
     AnyEvent,
     Automation,
@@ -77,11 +77,10 @@ def as_previous_numbers(event: AnyEvent) -> AnyEvent:
 
 
 def hashes_before_int_numbers(event: AnyEvent) -> tuple[bytes, ...]:
-    """What versions before 2026-11-25 hashed `event` to: `event_hashes` of it with
+    """What versions before 2026-11-25 hashed `event` to: the unkeyed hashes of it with
     floats, both the hash and the one before it (the last of those versions sorted a
     form's or identify's map keys, the one before hashed them in the order sent)."""
     previous = as_previous_numbers(event)
     if previous is event:
         return ()
-    _, content_hash, legacy_hash = event_hashes(previous)
-    return (content_hash,) if legacy_hash is None else (content_hash, legacy_hash)
+    return unkeyed_event_hashes(previous)

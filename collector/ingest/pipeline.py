@@ -14,11 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
-import xxhash
 
 from collector.errors import ServiceError
 from collector.ingest.consent import SKEW_MS, consent_drop_reason, identity_declined, state_of
-from collector.ingest.content_hash import event_hashes
+from collector.ingest.content_hash import event_hashes, unkeyed_hashes
 from collector.ingest.keyprobe import keys_known, opaque_values
 from collector.ingest.model import (
     AcceptedEvent,
@@ -52,7 +51,7 @@ from collector.ingest.schema import (
     Scroll,
 )
 from collector.ingest.scrub import scrub_text
-from collector.ingest.sealing import seal_sensitive
+from collector.ingest.sealing import content_digest, seal_sensitive
 from collector.ingest.shape import refuse_ambiguous_shape
 from collector.ingest.surrogates import without_lone_surrogates
 from collector.ingest.validate import (
@@ -381,16 +380,18 @@ def _order_identity_choices(accepted: list[AcceptedEvent], choices: dict[str, di
                 )
 
 
-def _content_hashes(event: AnyEvent, ctx: IngestContext) -> tuple[bytes, bytes, bytes | None]:
+# The content hash of a context without a sealer (a pure caller: the server always has one).
+_UNSEALED_DIGEST = content_digest(b"")
+
+
+def _content_hashes(
+    event: AnyEvent, ctx: IngestContext, digest: Callable[[bytes], bytes]
+) -> tuple[bytes, bytes, tuple[bytes, ...]]:
     """`event_hashes`, or for a consent write the hashes of the identity its context names."""
     if ctx.content_identity is not None:
-        legacy = ctx.legacy_identity
-        return (
-            _encoder.encode(event),
-            xxhash.xxh3_128_digest(ctx.content_identity),
-            xxhash.xxh3_128_digest(legacy) if legacy is not None else None,
-        )
-    return event_hashes(event)
+        identity, legacy = ctx.content_identity, ctx.legacy_identity
+        return _encoder.encode(event), digest(identity), unkeyed_hashes(legacy or identity, identity)
+    return event_hashes(event, digest)
 
 
 def _too_large(index: int, eid: str, size: str) -> ServiceError:
@@ -437,6 +438,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
     verdicts: dict[object, BotInfo] = {}
     identity_choices: dict[str, dict[str, int]] = {}  # visitor -> eid -> its position in `accepted`
     strict_consent = ctx.strict_consent
+    digest = ctx.sealer.content_digest if ctx.sealer is not None else _UNSEALED_DIGEST
     refused_denials: set[str] = set()  # visitors whose identity denial was in an event refused
     for index, event in enumerate(events):
         if isinstance(event, EventIssue):
@@ -487,7 +489,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
             text = scrub_text(event.element.text)
             if text != event.element.text:  # stored scrubbed; the id keeps the content the client sent
                 to_store = msgspec.structs.replace(event, element=msgspec.structs.replace(event.element, text=text))
-        client_json, content_hash, legacy_hash = _content_hashes(event, ctx)
+        client_json, content_hash, earlier_hashes = _content_hashes(event, ctx, digest)
         if isinstance(to_store, Form | Identify):
             to_store = seal_sensitive(to_store, ctx.sealer, ctx.client_id, eid)
         client_ts = None
@@ -532,7 +534,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
                 consent_state=consent_state,
                 visitor_id=to_store.visitorId,
                 event_ms=int(event.timestamp),
-                legacy_hash=legacy_hash,
+                earlier_hashes=earlier_hashes,
                 # (a translated route hashes its request, whose numbers were never floats)
                 hashed_event=event if ctx.content_identity is None else None,
                 page=_page_fact(event),

@@ -14,6 +14,8 @@ import msgspec
 import pytest
 import trio
 
+from collector.ingest.model import IngestContext
+from collector.ingest.pipeline import prepare_batch
 from storage import idempotency
 from tests.conftest import (
     BROWSER_KEY,
@@ -532,10 +534,13 @@ async def test_numbers_are_stored_as_written_and_old_float_records_still_match(s
                          device={**scroll["device"], "viewport": {"width": 1280.0, "height": 800.0}})  # type: ignore[dict-item]
     first = await post(server, as_floats)
     assert first.json()["accepted"] == 1, first.text
-    # (this version's record, made as an earlier version wrote it: without its hash form)
+    # (this version's record, made as an earlier version wrote it: without its hash form,
+    # and with the unkeyed hash of the float form those versions stored)
     key = idempotency.ledger_key("acme", "old-record")
     record = idempotency.decode(read_stored(server.data_dir, "idempotency", key) or b"")
-    older = msgspec.msgpack.encode((record.content_hash, record.receipt_id, record.stored_ms))
+    context = IngestContext(client_id="acme", site_id="web", key_type="browser", production=True, now_ms=0)
+    float_hash = prepare_batch(json.dumps(as_floats).encode(), context).accepted[0].earlier_hashes[0]
+    older = msgspec.msgpack.encode((float_hash, record.receipt_id, record.stored_ms))
     await trio.to_thread.run_sync(lambda: rewrite_stored(server.data_dir, "idempotency", key, value=older))
     retry = await post(server, {**scroll, "_eid": "old-record"})
     assert (retry.status_code, retry.json()["duplicates"]) == (202, 1), retry.text

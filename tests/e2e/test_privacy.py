@@ -24,6 +24,8 @@ import xxhash
 
 from collector.http.consent_body import ConsentBody
 from collector.http.edge_body import content_identities
+from collector.ingest.model import IngestContext
+from collector.ingest.pipeline import prepare_batch
 from storage import consent as consent_store
 from storage import idempotency
 from tests.conftest import STAMP, RunningServer, pageview, start_server
@@ -583,6 +585,42 @@ async def test_rotated_field_key_still_reveals_old_values(nursery: trio.Nursery,
     shown = await trio.to_thread.run_sync(
         lambda: run_cli("reveal", receipt, "--reason", "rotation check", data_dir=server.data_dir))
     assert json.loads(shown.stdout)["event"]["rawEmail"] == EMAIL
+
+
+async def test_the_stored_idempotency_hash_is_keyed_and_outlives_a_key_rotation(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # helper-128: the record held xxh3_128 of the event as sent: with the data file alone
+    # (or a backup without the key file), the outbox's other fields and a guess of the
+    # sealed phone number gave that hash back in 200 guesses.
+    server = await started(nursery, tmp_path)
+    who = {**identify("keyed"), "rawPhone": "+1 415 555 0199"}
+    assert (await server.client.post("/v1/events", json=who, headers=ACME)).json()["accepted"] == 1
+    key = idempotency.ledger_key("acme", "keyed")
+    record = idempotency.decode(read_stored(server.data_dir, "idempotency", key) or b"")
+    assert record.hash_form == idempotency.HASHED_KEYED
+    # The attacker's guess, hashed as the previous versions did, finds nothing.
+    context = IngestContext(client_id="acme", site_id="web", key_type="browser", production=True, now_ms=0)
+    guessed = prepare_batch(json.dumps(who).encode(), context).accepted[0]
+    assert record.content_hash not in {*guessed.earlier_hashes, guessed.content_hash}
+    assert (await server.client.post("/v1/events", json=who, headers=ACME)).json()["duplicates"] == 1
+    # The hash key comes from the oldest field key: a rotation leaves retries duplicates.
+    await trio.to_thread.run_sync(lambda: run_cli("keys", "rotate-field-key", data_dir=server.data_dir))
+    server.cancel.cancel()
+    await trio.sleep(0.5)  # (its storage closed)
+    (tmp_path / "again").mkdir()
+    again = await start_server(nursery, tmp_path / "again", TENANTS, data_dir=str(server.data_dir))
+    retry = await again.client.post("/v1/events", json=who, headers=ACME)
+    assert (retry.json()["accepted"], retry.json()["duplicates"]) == (0, 1), retry.text
+    changed = await again.client.post("/v1/events", json={**who, "rawPhone": "+1 415 555 0198"}, headers=ACME)
+    assert changed.json()["error"] == "idempotency_conflict", changed.text
+    # A record a version before the keyed hash stored (unkeyed, as written) still matches.
+    earlier = idempotency.encode_fields((guessed.earlier_hashes[0], record.receipt_id, record.stored_ms, 1))
+    await trio.to_thread.run_sync(lambda: rewrite_stored(server.data_dir, "idempotency", key, value=earlier))
+    retry = await again.client.post("/v1/events", json=who, headers=ACME)
+    assert (retry.json()["accepted"], retry.json()["duplicates"]) == (0, 1), retry.text
+    changed = await again.client.post("/v1/events", json={**who, "rawPhone": "+1 415 555 0198"}, headers=ACME)
+    assert changed.json()["error"] == "idempotency_conflict", changed.text
 
 
 async def test_backup_and_restore_keep_sealed_values_revealable(nursery: trio.Nursery, tmp_path: Path) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import msgspec
 import pytest
+import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -250,6 +252,21 @@ def test_sealing_binds_value_to_its_place() -> None:
         FieldSealer({"k2": b"\x02" * 32}, "k2").open(token, field_aad("acme", "e1", "rawEmail"))
     rotated = FieldSealer({"k1": b"\x01" * 32, "k2": b"\x02" * 32}, "k2")
     assert rotated.open(token, field_aad("acme", "e1", "rawEmail")) == "secret"
+
+
+def test_the_content_hash_is_keyed_from_the_oldest_field_key() -> None:
+    # helper-128: an unkeyed hash of the event as sent let the data file's holder test
+    # guesses of its sealed values. Keyed from the oldest key, a rotation keeps it.
+    content = b'{"type":"identify","rawPhone":"+1 415 555 0199"}'
+    first = FieldSealer({"k1": b"\x01" * 32}, "k1")
+    digest = first.content_digest(content)
+    assert len(digest) == 16 and digest != xxhash.xxh3_128_digest(content)
+    assert digest != hashlib.blake2b(content, digest_size=16).digest()
+    assert digest == first.content_digest(content)  # (the keyed state is copied, not spent)
+    rotated = FieldSealer({"k1": b"\x01" * 32, "k2": b"\x02" * 32, "k10": b"\x03" * 32}, "k10")
+    assert rotated.content_digest(content) == digest
+    assert FieldSealer({"k1": b"\x02" * 32}, "k1").content_digest(content) != digest
+    assert first.content_digest(content + b" ") != digest
 
 
 def test_without_a_sealer_values_are_withheld_not_stored_plain() -> None:

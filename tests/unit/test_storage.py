@@ -67,18 +67,44 @@ def test_conflict_refuses_without_writing(tmp_path: Path) -> None:
     assert [r.eid for _, r in outbox.iter_outbox(storage)] == ["a"]
 
 
-def test_a_record_with_the_previous_versions_hash_is_the_same_content(tmp_path: Path) -> None:
-    # Form values, identity maps and the edge/consent `consent` map were hashed
-    # with their keys in the order sent; now sorted. A retry of a request the
-    # previous version stored carries that hash as legacy_hash.
+def _rewrite_hash_form(storage: Storage, eid: str, hash_form: int) -> None:
+    """The record of `eid` as a version writing that hash form left it."""
+    key = idempotency.ledger_key("acme", eid)
+    with storage.env.begin(write=True) as txn:
+        record = idempotency.decode(txn.get(key, db=storage.dbs.idempotency))
+        fields = (record.content_hash, record.receipt_id, record.stored_ms, hash_form)
+        txn.put(key, idempotency.encode_fields(fields if hash_form else fields[:3]), db=storage.dbs.idempotency)
+
+
+@pytest.mark.parametrize("hash_form", [0, idempotency.HASHED_AS_WRITTEN])
+def test_a_record_with_an_earlier_versions_hash_is_the_same_content(tmp_path: Path, hash_form: int) -> None:
+    # Versions before the keyed hash stored an unkeyed one (and before 2026-11-24 with
+    # free-form map keys in the order sent): a retry of a request they stored carries
+    # those hashes as earlier_hashes, and is a duplicate of their record.
     storage = Storage(tmp_path)
     run_job_now(storage, admission(["a"], content=b"o" * 16))
+    _rewrite_hash_form(storage, "a", hash_form)
     retry = admission(["a"], content=b"n" * 16)
-    retry.candidates = [msgspec.structs.replace(c, legacy_hash=b"o" * 16) for c in retry.candidates]
+    retry.candidates = [msgspec.structs.replace(c, earlier_hashes=(b"x" * 16, b"o" * 16)) for c in retry.candidates]
     result: AdmissionResult = run_job_now(storage, retry)
     assert result.duplicate == [True]
     with pytest.raises(JobRefused):  # anything else is still a conflict
         run_job_now(storage, admission(["a"], content=b"z" * 16))
+
+
+def test_a_keyed_record_is_compared_with_the_keyed_hash_alone(tmp_path: Path) -> None:
+    # A record this version wrote holds the keyed hash: an unkeyed one equal to it (a
+    # guess made without the key) is not its content.
+    storage = Storage(tmp_path)
+    run_job_now(storage, admission(["a"], content=b"o" * 16))
+    with storage.env.begin() as txn:
+        record = idempotency.decode(txn.get(idempotency.ledger_key("acme", "a"), db=storage.dbs.idempotency))
+    assert record.hash_form == idempotency.HASHED_KEYED
+    retry = admission(["a"], content=b"n" * 16)
+    retry.candidates = [msgspec.structs.replace(c, earlier_hashes=(b"o" * 16,)) for c in retry.candidates]
+    with pytest.raises(JobRefused):
+        run_job_now(storage, retry)
+    assert run_job_now(storage, admission(["a"], content=b"o" * 16)).duplicate == [True]
 
 
 def test_an_id_is_forgotten_when_the_sweep_removes_its_record_not_before(tmp_path: Path) -> None:
