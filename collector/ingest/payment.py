@@ -34,6 +34,8 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from collector.ingest.unicode_digits import ANY_DIGIT_RUN, RUN_BYTES, ascii_readings
+
 # (prefix low, prefix high, lengths): prefixes compared on the leading digits.
 _IIN_TABLE: tuple[tuple[int, int, frozenset[int]], ...] = (
     # 13 digits are left out (old Visa and Maestro numbers): EAN-13 barcodes, in
@@ -254,8 +256,19 @@ _CONTAINERS = frozenset({dict, list, Members})
 
 
 def text_has_card(text: str) -> bool:
-    """True when `text` holds a card number: see the module docstring for what counts."""
-    return _has_card(text, unsure="")
+    """True when `text` holds a card number: see the module docstring for what counts.
+
+    Digits and separators outside ASCII (full-width digits from an input method,
+    Arabic-Indic digits, thin spaces, en dashes, zero-width joiners) are read as
+    the ASCII ones too (unicode_digits), and tabs and line breaks as spaces
+    (helper-128: all were stored).
+    """
+    if _has_card(text, unsure=""):
+        return True
+    readings = ascii_readings(text)
+    if "\t" in text or "\n" in text or "\r" in text:  # (a tab or line break between the groups)
+        readings = (*readings, *(reading.translate(_LINE_BREAKS) for reading in (text, *readings)))
+    return any(_has_card(reading, unsure="") for reading in readings)
 
 
 def _has_card(text: str, *, unsure: str) -> bool:
@@ -424,7 +437,60 @@ def scan_payment_data(raw: bytes, *, card_candidate: bool, key_candidate: bool) 
 
 def has_card_candidate(raw: bytes) -> bool:
     """True when the raw body may hold a card number (False means it certainly does not)."""
-    return _raw_has_card(raw) or _HIDING_ESCAPE.search(raw) is not None
+    return (
+        _raw_has_card(raw)
+        or _HIDING_ESCAPE.search(raw) is not None
+        or _may_hide_unicode_card(raw)
+        or _may_hide_card_across_lines(raw)
+    )
+
+
+_LINE_ESCAPES = (b"\\t", b"\\n", b"\\r")
+_LINE_BREAKS = str.maketrans("\t\n\r", "   ")
+
+
+def _may_hide_card_across_lines(raw: bytes) -> bool:
+    """True when the body may hold a card number whose groups a tab or a line break
+    separates ("4111\\n1111\\n…", JSON's escapes), read as spaces (False: certainly not)."""
+    if not any(escape in raw for escape in _LINE_ESCAPES):
+        return False
+    for escape in _LINE_ESCAPES:
+        raw = raw.replace(escape, b" ")
+    return _raw_has_card(raw)
+
+
+# A \u escape, or a pair of them that is one character past U+FFFF (a surrogate pair).
+_UNICODE_ESCAPE = re.compile(rb"\\u([dD][89abAB][0-9a-fA-F]{2})\\u([dD][c-fC-F][0-9a-fA-F]{2})|\\u([0-9a-fA-F]{4})")
+
+
+def _unescaped(match: re.Match[bytes]) -> bytes:
+    high, low, single = match.groups()
+    code = (
+        int(single, 16) if single is not None else 0x10000 + ((int(high, 16) - 0xD800) << 10) + int(low, 16) - 0xDC00
+    )
+    return chr(code).encode("utf-8", "surrogatepass")
+
+
+def _may_hide_unicode_card(raw: bytes) -> bool:
+    """True when the body may write a card number with digits or separators outside ASCII,
+    as UTF-8 or as \\u escapes (False: certainly not). A body all ASCII without escapes, the
+    common case, costs two byte scans; others a byte translation, and the digit-run regex
+    only around runs of the bytes such digits are made of (see unicode_digits.RUN_BYTES)."""
+    if b"\\u" in raw:
+        raw = _UNICODE_ESCAPE.sub(_unescaped, raw)
+    if raw.isascii():  # (ASCII digits and separators, escaped or not: the scans above)
+        return False
+    mapped = raw.translate(RUN_BYTES)
+    start = mapped.find(_RUN)
+    while start != -1:
+        end = mapped.find(b"x", start)
+        if end == -1:
+            end = len(mapped)
+        window = raw[start:end]
+        if not window.isascii() and ANY_DIGIT_RUN.search(window.decode("utf-8", "replace")):
+            return True
+        start = mapped.find(_RUN, end)
+    return False
 
 
 def has_card_key(keys: Iterable[str]) -> bool:

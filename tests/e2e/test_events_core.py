@@ -380,6 +380,34 @@ async def test_card_numbers_in_the_shapes_forms_and_urls_give_them(server: Runni
     assert await outbox_dump(server.data_dir) == []
 
 
+async def test_card_numbers_written_outside_ascii_are_refused_on_every_write_route(server: RunningServer) -> None:
+    # helper-128: full-width digits (a Japanese input method), Arabic-Indic digits, thin
+    # spaces, zero-width joiners and line breaks between the groups were all stored.
+    card = "4111111111111111"
+    groups = [card[i : i + 4] for i in range(0, 16, 4)]
+    written = ["".join(chr(0xFF10 + int(d)) for d in card), "".join(chr(0x0660 + int(d)) for d in card),
+               "\u2009".join(groups), "\u200b".join(groups), "\u2013".join(groups), "\n".join(groups)]
+    for index, text in enumerate(written):
+        event = pageview(f"wide{index}", type="custom", name="x", label=f"card {text} end")
+        for raw in (json.dumps(event).encode(), json.dumps(event, ensure_ascii=False).encode()):
+            response = await post(server, None, raw=raw)
+            assert (response.status_code, response.json()["error"]) == (400, "prohibited_payment_data"), raw
+        edge = {"_eid": f"edge-wide{index}", "visitorId": "v", "sessionId": "s", "url": "https://acme.com/",
+                "title": f"card {text}"}
+        response = await server.client.post("/v1/edge/pageview", json=edge, headers=H)
+        assert (response.status_code, response.json()["error"]) == (400, "prohibited_payment_data"), text
+    keyed = pageview("hdr-wide")
+    del keyed["_eid"]
+    response = await post(server, keyed, headers={**H, "Idempotency-Key": written[0].encode()})  # type: ignore[dict-item]
+    assert response.json()["error"] == "prohibited_payment_data", response.text
+    # Dates, phone numbers and ids in those digits are not cards.
+    fine = pageview("wide-fine", type="custom", name="x",
+                    label="\uff12\uff10\uff12\uff16\u5e74 \u2013 \u0665\u0660\u0663\u0662 \u2013 order 4567 8901 2345")
+    response = await post(server, fine)
+    assert response.json()["accepted"] == 1, response.text
+    assert [row["eid"] for row in await outbox_dump(server.data_dir)] == ["wide-fine"]
+
+
 async def test_a_card_number_in_a_header_the_write_keeps_refuses_it(server: RunningServer) -> None:
     event = pageview("hdr")
     del event["_eid"]

@@ -329,6 +329,9 @@ async def test_body_refusals_store_nothing(nursery: trio.Nursery, tmp_path: Path
     assert "nothing was stored" in body["message"]
     field = chunk(events=[{"type": 3, "data": {"card_number": "x"}}])
     refused_with(await send(server, field), 400, "prohibited_payment_data")
+    # typed with a Japanese input method: full-width digits (helper-128: stored)
+    wide = chunk(events=[{"type": 3, "data": {"source": 5, "text": "\uff14" + "\uff11" * 15}}])
+    refused_with(await send(server, wide), 400, "prohibited_payment_data")
     refused_with(
         await send(server, content=b'{"visitorId": "v1",', headers=ACME), 400, "invalid_json"
     )

@@ -50,7 +50,10 @@ def encodings(value: object) -> list[bytes]:
 CARD_PARTS = st.sampled_from(
     ["4111", "1111", " ", "-", "\n", "\t", "\u00a0", "\"", "5555555555554444", "378282246310005",
      "4111 1111 1111 1111", "a", "_", ".", "1795000000000", "0", "9", "\u0663", "card", "CVV", "cc-exp",
-     "Card_Number", "\u2003", "x", "+", "%20", "%B", "^", "\u00e9", "\u20aa", "\\", "2024"]
+     "Card_Number", "\u2003", "x", "+", "%20", "%B", "^", "\u00e9", "\u20aa", "\\", "2024",
+     # digits and separators outside ASCII (helper-128: all were stored)
+     "\uff14\uff11\uff11\uff11", "\uff11\uff11\uff11\uff11", "\u0664\u0661\u0661\u0661", "\u200b", "\u2013",
+     "\u2009", "\u00ad", "\u2212", "\ufeff", "\u3000", "\U0001d7d2"]
 )  # fmt: skip
 TEXTS = st.one_of(st.text(max_size=40), st.lists(CARD_PARTS, max_size=10).map("".join))
 
@@ -62,6 +65,38 @@ def test_prefilters_agree_with_the_full_walk(text: str, key: str) -> None:
         for raw in encodings(body):
             decoded = msgspec.json.decode(raw)
             assert (find_payment_data(raw, decoded) is not None) == full_walk(decoded), raw
+
+
+_CARD = "4111111111111111"
+_GROUPS = [_CARD[i : i + 4] for i in range(0, 16, 4)]
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        "".join(chr(0xFF10 + int(d)) for d in _CARD),  # full-width, as a Japanese input method types it
+        "".join(chr(0x0660 + int(d)) for d in _CARD),  # Arabic-Indic
+        "".join(chr(0x06F0 + int(d)) for d in _CARD),  # Persian
+        "".join(chr(0x0966 + int(d)) for d in _CARD),  # Devanagari
+        "".join(chr(0x1D7CE + int(d)) for d in _CARD),  # mathematical bold, past U+FFFF
+        _CARD[:8] + "".join(chr(0xFF10 + int(d)) for d in _CARD[8:]),
+        *(sep.join(_GROUPS) for sep in ("\u2009", "\u202f", "\u2007", "\u3000", "\u2013", "\u2010", "\u2212",
+                                        "\u200b", "\u200c", "\u200d", "\u2060", "\u00ad", "\ufeff", "\t", "\n")),
+        "\u200b".join(_CARD),
+    ],
+)
+def test_card_numbers_written_outside_ascii_are_refused(written: str) -> None:
+    for raw in encodings({"type": "custom", "label": f"card {written} end"}):
+        assert find_payment_data(raw, msgspec.json.decode(raw)) is not None, raw
+
+
+@pytest.mark.parametrize(
+    "text", ["Home \u2013 Acme", "\u0665\u0660\u0663\u0662", "\uff12\uff10\uff12\uff16\u5e74\uff11\uff11\u6708",
+             "\u65e5\u672c\u8a9e" * 30, "\U0001f600" * 30, "\uff14\uff15\uff16\uff17\uff18\uff19\uff10\uff11\uff12\uff13\uff14\uff15"],
+)
+def test_other_text_outside_ascii_is_not_payment_data(text: str) -> None:
+    for raw in encodings({"label": text}):
+        assert find_payment_data(raw, msgspec.json.decode(raw)) is None, raw
 
 
 @pytest.mark.parametrize(
