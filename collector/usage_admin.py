@@ -132,7 +132,7 @@ def _rows_left_out(
     left_out: set[tuple[str, str]] = set()
     overage = {unit + counters.OVERAGE_SUFFIX for unit in UNITS}
     for row in damaged:
-        if account and row.account not in (None, account):
+        if account is not None and row.account not in (None, account):
             continue  # not an account this listing shows
         if row.kind in overage:
             # Not read here (the row is right), but the service refuses the account's
@@ -162,7 +162,7 @@ def _rows(
     names = set(policies) | {name for name, kind in stored if kind in UNITS}
     rows = []
     for name in sorted(names):
-        if account and name != account:
+        if account is not None and name != account:
             continue
         pageviews = stored.get((name, PAGEVIEW_UNIT), 0)
         coverage = stored.get((name, COVERAGE_UNIT), 0)

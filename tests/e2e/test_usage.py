@@ -491,3 +491,7 @@ def test_usage_show_names_an_account_it_does_not_know(tmp_path: Path) -> None:
     assert unknown.stderr.strip() == (
         "collector: no account 'freeco-typo': no key names it and it has no usage in 2026-11"
     )
+    # An empty name is no account either (helper-126: it listed every account, exit 0).
+    empty = run_cli("usage", "show", "--account", "", data_dir=data_dir, check=False)
+    assert (empty.returncode, empty.stdout) == (2, ""), empty.stdout
+    assert empty.stderr.startswith("collector: no account '': no key names it"), empty.stderr

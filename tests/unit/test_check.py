@@ -182,18 +182,28 @@ def test_period_is_the_request_time_not_the_commit_time(tmp_path: Path) -> None:
     assert check(storage).problems == []
 
 
-def test_pooled_and_unknown_clients_are_skipped_with_a_note(tmp_path: Path) -> None:
+def test_pooled_clients_are_compared_with_their_accounts_counter(tmp_path: Path) -> None:
+    # helper-126: every client billing into another account was skipped with a note,
+    # so a shared account, where an accounting bug would be likeliest, went unchecked.
     storage = Storage(tmp_path)
     add_key(storage, "acme")
     add_key(storage, "agency", billing_account="acme")
     admit(storage, ["a1"], client="agency", account="acme")
+    admit(storage, ["m1"], account="acme")
     admit(storage, ["x1"], client="stranger")
     put_raw(storage, "counters", counters.counter_key("stranger", "2026-11", "pageview"), None)
     report = check(storage)
-    assert report.problems == []  # acme's counter holds agency's unit: higher is fine
-    assert report.notes == [
-        "usage of client agency not compared: its keys bill into acme",
+    assert report.problems == []  # acme's counter holds both clients' units
+    assert report.notes == ["usage of client stranger not compared: it has no key record"]
+    put_raw(storage, "counters", counters.counter_key("acme", "2026-11", "pageview"), counters.encode_value(1))
+    shortfall = "counter acme/2026-11/pageview is 1, the outbox holds 2 of clients acme, agency"
+    assert check(storage).problems == [shortfall]
+    put_raw(storage, "meta", keys.BILLING_MOVED + b"agency", b"2026-11")  # agency came from elsewhere
+    report = check(storage)
+    assert report.problems == [] and report.notes == [
         "usage of client stranger not compared: it has no key record",
+        f"{shortfall}; billing accounts changed (agency's in 2026-11): events before that are counted in"
+        " the account of their time",
     ]
 
 
