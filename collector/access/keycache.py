@@ -66,6 +66,7 @@ class KeyCache:
         entry = self._entries.get(key)
         if entry is not None and entry[0] > now:
             self._hits += 1
+            self._entries.move_to_end(key)  # least recently used first out (helper-127: hits kept their place)
             expires, record, recheck = entry
             if record is not None and recheck <= now:
                 record = self._refresh_suspension(key, record)

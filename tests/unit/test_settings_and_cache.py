@@ -77,6 +77,19 @@ def test_key_cache_ttls_and_unreadable_store(tmp_path: Path) -> None:
     assert info.value.response_headers()["Retry-After"] == "5"
 
 
+def test_the_key_cache_lets_the_least_recently_used_key_go_first(tmp_path: Path) -> None:
+    # helper-127: a hit kept the key's place, so a flood of unknown keys pushed out the
+    # keys every request uses, each then read from storage again.
+    storage = Storage(tmp_path)
+    import_tenants(storage, b'{"keys": [{"key": "cs_live_hot0000000", "clientId": "h"}]}')
+    cache = KeyCache(storage, max_entries=3)
+    assert cache.lookup("cs_live_hot0000000") is not None
+    for n in range(10):
+        assert cache.lookup(f"cs_live_unknown{n:04d}") is None
+        assert cache.lookup("cs_live_hot0000000") is not None
+    assert cache.statistics().misses == 11  # the hot key was read once
+
+
 def test_a_collector_variable_that_is_no_setting_is_noted_with_the_likely_one() -> None:
     # helper-119: COLLECTOR_DATADIR (misspelt) in the unit's env file was ignored without a word
     notes = unknown_environment({"COLLECTOR_DATADIR": "/srv", "COLLECTOR_BOGUS": "1", "COLLECTOR_WORKERS": "2",
