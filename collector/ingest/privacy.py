@@ -128,6 +128,12 @@ _WORD_CLASS.update({
     "krankenversicherung": "health", "krankenkasse": "health", "versichertennummer": "health",
     "mutuelle": "health",
     "mdp": "secret",  # (French: mot de passe)
+    # helper-128's intake, onboarding and banking forms: each of these was stored
+    "cvn": "payment", "tfn": "government_id", "nss": "government_id", "nir": "government_id",
+    "blz": "financial", "revenu": "financial", "revenus": "financial",
+    "surgeries": "health", "dosage": "health", "covid": "health", "medikament": "health",
+    "medikamente": "health", "vorerkrankung": "health", "vorerkrankungen": "health", "behinderung": "health",
+    "handicap": "health", "discapacidad": "health", "blutgruppe": "health", "diagnosen": "health",
 })  # fmt: skip
 
 # Pairs of words (in order, adjacent) that decide a class together.
@@ -193,6 +199,13 @@ _PAIR_CLASS: dict[tuple[str, str], str] = {
     ("numero", "compte"): "financial", ("conta", "bancaria"): "financial", ("numero", "conta"): "financial",
     ("conto", "corrente"): "financial",
     ("historial", "medico"): "health", ("dossier", "medical"): "health",
+    # helper-128: each of these was stored
+    ("card", "verification"): "payment", ("verification", "value"): "payment", ("pan", "number"): "payment",
+    ("drivers", "licence"): "government_id", ("ni", "number"): "government_id",
+    ("tax", "file"): "government_id", ("numero", "secu"): "government_id",
+    ("deposit", "account"): "financial", ("code", "banque"): "financial", ("revenu", "annuel"): "financial",
+    ("family", "history"): "health", ("antecedents", "medicaux"): "health", ("groupe", "sanguin"): "health",
+    ("tipo", "sangre"): "health", ("test", "result"): "health",
 }  # fmt: skip
 # Words that join the words of a name in other languages ("numero_de_tarjeta",
 # "code-de-securite"): left out when pairs are looked for.
@@ -226,7 +239,9 @@ _ORDINARY = frozenset({
 # raw_fields types: HTML autocomplete tokens and input types.
 _TYPE_CLASS: dict[str, str] = {"password": "secret", "new-password": "secret",
                                "current-password": "secret", "one-time-code": "secret"}
-_CHECKOUT_WORDS = frozenset({"checkout", "payment", "payments", "purchase", "creditcard"})
+# (and in other languages: helper-128's "Kasse", "paiement", "pago" and "zahlung" were stored)
+_CHECKOUT_WORDS = frozenset({"checkout", "payment", "payments", "purchase", "creditcard", "kasse", "zahlung",
+                             "bezahlung", "paiement", "pago", "pagamento", "betaling", "afrekenen"})
 _FORM_WORDS = frozenset({"", "form", "page", "step", "details", "info", "section", "modal", "method", "methods",
                          "options", "container", "wrapper", "panel"})
 # Words that make a "card number", "security code" or "name on" field another kind

@@ -82,6 +82,16 @@ def decode(**fields: object) -> AnyEvent:
         ("fecha_caducidad_tarjeta", "payment"), ("vencimiento_de_la_tarjeta", "payment"),
         ("salaire", "financial"), ("rib", "financial"), ("Krankenkasse", "health"),
         ("Krankenkassennummer", "health"), ("mutuelle", "health"), ("mdp", "secret"), ("confirmer_mdp", "secret"),
+        # helper-128: stored before
+        ("card verification value", "payment"), ("cardVerificationNumber", "payment"), ("cvn", "payment"),
+        ("pan_number", "payment"), ("drivers_licence", "government_id"), ("ni_number", "government_id"),
+        ("tax_file_number", "government_id"), ("tfn", "government_id"), ("numero_secu", "government_id"),
+        ("NIR", "government_id"), ("NSS", "government_id"), ("past_surgeries", "health"), ("dosage", "health"),
+        ("family_history", "health"), ("covid_test_result", "health"), ("Medikamente", "health"),
+        ("Vorerkrankungen", "health"), ("Behinderung", "health"), ("handicap", "health"),
+        ("discapacidad", "health"), ("antecedents_medicaux", "health"), ("Blutgruppe", "health"),
+        ("groupe_sanguin", "health"), ("tipo_de_sangre", "health"), ("direct_deposit_account", "financial"),
+        ("BLZ", "financial"), ("revenu_annuel", "financial"), ("code_banque", "financial"),
     ],
 )
 def test_sensitive_field_names(name: str, kind: str) -> None:
@@ -102,7 +112,8 @@ def test_sensitive_field_names(name: str, kind: str) -> None:
      "nombre", "apellido", "correo", "telefono", "numero_de_telefono", "numéro de téléphone", "Telefonnummer",
      "Straße", "código_postal", "fecha_de_nacimiento", "numero_pedido", "niño", "NIÑO",
      "acepto_tratamiento_de_datos", "consentement_traitement", "parola_chiave", "diagnostic_info",
-     "ribbon", "caribbean", "attribute", "mdpi"],
+     "ribbon", "caribbean", "attribute", "mdpi", "terms_and_conditions", "social_handle", "test_name",
+     "family_name", "panel", "covidien"],
 )
 def test_ordinary_field_names(name: str) -> None:
     assert classify_field_name(name) is None
@@ -282,7 +293,10 @@ def test_without_a_sealer_values_are_withheld_not_stored_plain() -> None:
      ("checkoutstep", True), ("repaymentPlan", False), ("prepaymentinfo", False), ("checkoutsurvey", False),
      ("checkoutSurvey", False), ("post-checkout-signup", False), ("payment-method", True), ("checkout_step_2", True),
      # other words after the checkout word still name a checkout (helper-76)
-     ("checkout-billing", True), ("checkoutShipping", True), ("checkout-v2", True), ("paymentInformation", True)],
+     ("checkout-billing", True), ("checkoutShipping", True), ("checkout-v2", True), ("paymentInformation", True),
+     # other languages (helper-128: stored)
+     ("Kasse", True), ("paiement", True), ("pago", True), ("zahlung", True), ("form-pagamento", True),
+     ("Krankenkasse", False), ("kassenbuch", False)],
 )
 def test_checkout_names(text: str, checkout: bool) -> None:
     assert names_checkout(text) is checkout
