@@ -12,23 +12,38 @@ a phone number only in a form that says so:
 - national, starting with 0 (`0612 345 678`, `030/12345678`, `01 23 45 67 89`);
 
 each with the digit count of a phone number. Email addresses and US social
-security numbers (`123-45-6789`) are scrubbed wherever they are. Each becomes
-a marker (`[email]`, `[phone]`, `[ssn]`), so the text still reads as the
-label it was. Card numbers never get here: the payment scan refuses the
-whole request (spec 4.1 rule 5).
+security numbers (`123-45-6789`, `123 45 6789`, or nine digits after `SSN`)
+are scrubbed wherever they are. Each becomes a marker (`[email]`, `[phone]`,
+`[ssn]`), so the text still reads as the label it was. Card numbers never get
+here: the payment scan refuses the whole request (spec 4.1 rule 5).
+
+Text outside ASCII is also read in its compatibility form (NFKC: a full-width
+`＠` or digit is the ASCII one, a decomposed accent is composed) with every
+script's digits, spaces and dashes as ASCII ones and invisible characters
+left out (unicode_digits), an ideographic full stop as a dot: an address
+written `john\u200b@example.com` or `john＠example。com`, or a phone number in
+Arabic-Indic digits, is found there. When that reading holds something to
+scrub, the reading, scrubbed, is what is stored (helper-128: all were kept).
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from functools import partial
+
+from collector.ingest.unicode_digits import ascii_digits
 
 MAX_TEXT = 512  # spec 8.1; a marker can be longer than what it replaced
 
 # Tried only where a run of local-part characters starts, so a text of them
 # without a domain costs one pass, not one per starting position.
 _EMAIL = re.compile(r"(?<![\w.!#$%&'*+/=?^`{|}~-])[\w.!#$%&'*+/=?^`{|}~-]+@[\w-]+(?:\.[\w-]+)+")
-_SSN = re.compile(r"(?<![\w-])(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}(?![\w-])")
+_SSN = re.compile(r"(?<![\w-])(?!000|666|9\d\d)\d{3}(?P<sep>[- ])(?!00)\d{2}(?P=sep)(?!0000)\d{4}(?![\w-])")
+# Nine digits after a word that names them ("My SSN is 123456789", "Social Security No. 123456789").
+_SSN_AFTER_WORD = re.compile(
+    r"(?i:(?<!\w)(?:ssn|social security(?: number| no\.?)?)(?!\w)[\s:#.]*(?:is\s+)?)(?P<number>\d{9})(?!\w)"
+)
 _END = r"(?![\w-]|[.,]\d)"  # not glued to a word, and not the integer part of a decimal
 # A date and what follows it ("01/02/2024 10", "01 02 2024 10", "2024 12 31"), years
 # ("2024 2025 2026"), a US ZIP+4 and a grouped amount ("+12 345 678", "15.000.000")
@@ -42,7 +57,11 @@ _NOT_A_PHONE = re.compile(
 # Where a number starts: not glued to a word or another number, nor the next group
 # of one written in groups (an IBAN's "DE89 3704 0044 0532").
 _NEW_NUMBER = r"(?<![\w.,+/-])(?<!\d\s)"
-_WORD = r"(?i:(?<!\w)(?:tel|phone|call|mobile|mob|cell|fax|whatsapp|telefon|tel[eé]fono|t[eé]l[eé]phone|tlf|电话|電話)\b)"
+_WORD = (
+    r"(?i:(?<!\w)(?:tel|phone|call|mobile|mob|cell|fax|whatsapp|telefon|tel[eé]fono|t[eé]l[eé]phone|tlf"
+    r"|handy|mobil|natel|m[oó]vil|celular|portable|telefone|telefono|телефон|моб|电话|電話|手机|携帯|هاتف|جوال|تلفن)"
+    r"(?!\w))"
+)
 _PHONES = (
     # international: + or 00 and a country code
     (re.compile(r"(?<![\d+])\+\d[\d\s().\-/]{5,22}\d" + _END), 8, 15),
@@ -61,14 +80,37 @@ _SEVEN_DIGITS = re.compile(r"(?:\D*\d){7}")  # fewer: no phone number or SSN can
 
 def scrub_text(text: str) -> str:
     """`text` with email addresses, phone numbers and SSNs replaced by markers (equal to it when none)."""
+    if not text.isascii():
+        reading = _plain_reading(text)
+        if reading != text and (scrubbed := _scrubbed(reading)) is not reading:
+            return _cut(scrubbed)
+    scrubbed = _scrubbed(text)
+    return _cut(scrubbed) if scrubbed is not text else text
+
+
+_FULL_STOPS = str.maketrans({"\u3002": ".", "\uff61": "."})  # ideographic and halfwidth ideographic
+
+
+def _plain_reading(text: str) -> str:
+    """`text` as the scrub's patterns read it: see the module docstring."""
+    return ascii_digits(unicodedata.normalize("NFKC", text)).translate(_FULL_STOPS)
+
+
+def _scrubbed(text: str) -> str:
     scrubbed = text
     if "@" in scrubbed:
         scrubbed = _EMAIL.sub("[email]", scrubbed)
     if _SEVEN_DIGITS.match(scrubbed):
         scrubbed = _SSN.sub("[ssn]", scrubbed)
+        scrubbed = _SSN_AFTER_WORD.sub(_ssn_after_word, scrubbed)
         for pattern, fewest, most in _PHONES:
             scrubbed = pattern.sub(partial(_phone, fewest=fewest, most=most), scrubbed)
-    return _cut(scrubbed) if scrubbed is not text else text
+    return scrubbed
+
+
+def _ssn_after_word(found: re.Match[str]) -> str:
+    start, end = found.span("number")
+    return found.group()[: start - found.start()] + "[ssn]" + found.group()[end - found.start() :]
 
 
 def _phone(found: re.Match[str], *, fewest: int, most: int) -> str:

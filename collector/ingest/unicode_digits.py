@@ -58,6 +58,11 @@ RUN_BYTES = bytes(
 )
 
 
+def ascii_digits(text: str) -> str:
+    """`text` with every script's digits, spaces and dashes as ASCII ones, invisible characters left out."""
+    return text.translate(_DROPPING_INVISIBLE)
+
+
 def ascii_readings(text: str) -> tuple[str, ...]:
     """`text` as ASCII digits, spaces and dashes where it wrote them otherwise (both readings
     of its invisible characters); () when it holds none of them."""

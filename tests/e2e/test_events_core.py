@@ -972,6 +972,12 @@ async def test_a_clicks_text_is_stored_scrubbed_of_personal_data(server: Running
     assert len(stored) == 1
     assert "jane" not in json.dumps(stored) and "555" not in json.dumps(stored)
     assert "Email [email] or call [phone]" in json.dumps(stored)
+    # Written outside ASCII (helper-128: each kept in clear): read as the ASCII it stands for.
+    hidden = "Mail jane\u200b@example.com, Handy \uff10\uff11\uff15\uff11 \uff12\uff13\uff14\uff15\uff16\uff17\uff18\uff19"
+    event = click("scrubbed-wide", element={"selector": "a.contact", "text": hidden, "x": 1, "y": 2})
+    assert (await server.client.post("/v1/events", json=event, headers=H)).json()["accepted"] == 1
+    stored = [row for row in await outbox_dump(server.data_dir) if row.get("eid") == "scrubbed-wide"]
+    assert stored[0]["event"]["element"]["text"] == "Mail [email], Handy [phone]", stored
 
 
 async def test_a_wall_clock_jumping_days_ahead_for_a_minute_removes_nothing(

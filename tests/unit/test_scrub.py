@@ -25,6 +25,9 @@ KEPT = [
     "注文番号 123-4567-8901", "Bestellnummer 303-1234567-1234567", "Population: 331,449,281", "Population 331 449 281",
     "Since 1.1.2000 – 31.12.2025", "$1,000,000.00", "1.000.000 Kč", "100 000 000 ₽", "+25% off 2026",
     "SKU 123-456-789", "EAN 4006381333931", "UPC 036000291452", "@handle", "a@b",
+    # text outside ASCII that holds no one's details keeps its own characters
+    "Caf\u00e9 \u2013 ouvert 9h\u201318h", "\u6ce8\u6587\u756a\u53f7 \uff11\uff12\uff13\uff14",
+    "\uff12\uff10\uff12\uff16\u5e74\uff11\uff11\u6708\uff12\uff14\u65e5", "Seite 1\u202f234", "Zeit 14:30\u201315:30 Uhr",
 ]
 
 SCRUBBED = [
@@ -38,6 +41,14 @@ SCRUBBED = [
     ("call 555-0100", "call [phone]"), ("0612345678", "[phone]"),
     ("JANE.DOE@EXAMPLE.COM", "[email]"), ("mailto:jane@example.com", "mailto:[email]"),
     ("Reply to j_smith+news@mail.example.co.uk.", "Reply to [email]."), ("SSN 123-45-6789 on file", "SSN [ssn] on file"),
+    # helper-128: each was kept in clear
+    ("SSN 123 45 6789", "SSN [ssn]"), ("My SSN is 123456789", "My SSN is [ssn]"),
+    ("Social Security No. 123456789", "Social Security No. [ssn]"), ("Handy 0151 23456789", "Handy [phone]"),
+    ("Mail john\u200b@example.com", "Mail [email]"), ("john\uff20example.com", "[email]"),
+    ("john@example\u3002com", "[email]"), ("e\u0301mile@example.com", "[email]"),
+    ("\u0647\u0627\u062a\u0641 \u0660\u0661\u0662\u0663\u0664\u0665\u0666\u0667\u0668\u0669", "\u0647\u0627\u062a\u0641 [phone]"),
+    ("Call +1\u2011415\u2011555\u20110123", "Call [phone]"),
+    ("\uff34\uff45\uff4c: \uff10\uff13\uff10 \uff11\uff12\uff13\uff14\uff15\uff16\uff17", "Tel: [phone]"),
 ]
 
 
