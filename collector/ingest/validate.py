@@ -202,13 +202,16 @@ def check_event(event: AnyEvent) -> tuple[AnyEvent, list[EventIssue]]:
             issues.append(EventIssue("$.device.userAgent", "device.userAgent is required for web events"))
         if device.viewport is None:
             issues.append(EventIssue("$.device.viewport", "device.viewport is required for web events"))
+    declared: dict[str, str] = {}
     if isinstance(event, Form) and event.raw_fields is not None:
         try:
-            RAW_FIELDS_DECODER.decode(event.raw_fields)
+            declared = RAW_FIELDS_DECODER.decode(event.raw_fields)
         except (msgspec.DecodeError, msgspec.ValidationError):
             issues.append(
                 EventIssue("$.raw_fields", "raw_fields must be a JSON object of field names to types")
             )
+    if isinstance(event, Form):
+        issues.extend(_field_names_in_clear(event, declared))
     if isinstance(event, Identify):
         issues.extend(_trailing_newlines(event, ("hem", "hemMd5")))
         if event.identity:
@@ -238,6 +241,21 @@ def _in_clear(text: str) -> str | None:
             if 8 <= sum(ch.isdigit() for ch in match.group()) <= 15 and not _DATE.match(match.group()):
                 return "a phone number"
     return None
+
+
+def _field_names_in_clear(form: Form, declared: dict[str, str]) -> list[EventIssue]:
+    """A form's field names are stored as sent, its values sealed: a name holding an email
+    address or a phone number in clear (`answer[jane@example.com]`) would store it
+    (helper-128). Refused, without repeating the name."""
+    issues = []
+    for path, names in (("$.values", form.values or ()), ("$.raw_fields", declared),
+                        ("$.files", [entry.field for entry in form.files or () if entry.field])):
+        for name in names:
+            if (found := _in_clear(name)) is not None:
+                issues.append(EventIssue(path, f"a field name holds {found} in clear: field names are stored"
+                                               " as sent (only values are sealed); name the field, not the person"))
+                break
+    return issues
 
 
 def _identity_in_clear(identity: dict[str, object]) -> list[EventIssue]:

@@ -848,3 +848,19 @@ async def test_an_email_or_phone_in_clear_in_identity_is_refused_not_stored(
     assert response.json()["accepted"] == 1, response.text
     dump = json.dumps(await stored_events(server))
     assert "henry.identity@ex.org" not in dump and "555 0177" not in dump
+    # A form's field names are stored as sent (its values sealed): one holding an address
+    # or a number was stored in clear (helper-128). Refused without repeating it.
+    for index, extra in enumerate(({"values": {"answer[MKRK_jane.roe@example.com]": "yes"}},
+                                   {"values": {"a": "b"}, "raw_fields": json.dumps({"tel +1 415 555 0166": "text"})},
+                                   {"values": {"a": "b"}, "files": [{"name": "cv.pdf", "field": "cv_of_x@ex.org"}]})):
+        named = form(f"named{index}", "survey", {"a": "b"}, **{k: v for k, v in extra.items() if k != "values"})
+        named["values"] = extra["values"]
+        if "raw_fields" in extra:
+            named["raw_fields"] = extra["raw_fields"]
+        response = await server.client.post("/v1/events", json=named, headers=ACME)
+        assert (response.status_code, response.json()["error"]) == (400, "validation_error"), response.text
+        assert "MKRK" not in response.text and "0166" not in response.text and "ex.org" not in response.text
+    dump = json.dumps(await stored_events(server))
+    assert "MKRK" not in dump and "0166" not in dump and "cv_of_x" not in dump
+    ordinary = form("named-fine", "survey", {"email": "x", "phone_number": "y", "answer[3]": "z"})
+    assert (await server.client.post("/v1/events", json=ordinary, headers=ACME)).json()["accepted"] == 1
