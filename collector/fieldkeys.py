@@ -24,7 +24,7 @@ from pathlib import Path
 
 import msgspec
 
-from collector.ingest.sealing import FieldSealer
+from collector.ingest.sealing import FieldSealer, rotation_number
 from collector.settings import Settings
 from storage.env import Storage
 from storage.errors import UNREADABLE_RECORD
@@ -196,7 +196,7 @@ def rotate(path: Path, taken: Iterable[str] = ()) -> str:
     if content.keys:
         _sealer(content, path)  # a file `serve` would refuse is not rotated into another (helper-75)
     ids = [*content.keys, *taken]
-    number = 1 + max((int(kid[1:]) for kid in ids if kid[1:].isdigit()), default=0)
+    number = 1 + max((n for kid in ids if (n := rotation_number(kid)) is not None), default=0)
     new_id = f"k{number}"
     keys = {**content.keys, new_id: base64.b64encode(os.urandom(32)).decode()}
     _write_new(path, _KeyFile(new_id, keys), replace=True)  # atomic: never a moment without keys

@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import msgspec
 from cryptography.exceptions import InvalidTag
@@ -56,7 +56,7 @@ class FieldSealer:
                 raise ValueError(f"field key {key_id!r} must be 32 bytes with no ':' in its id")
         self.active = active
         self._ciphers = {key_id: AESGCM(key) for key_id, key in keys.items()}
-        self.content_digest = content_digest(keys[_oldest_key_id(keys)])
+        self.content_digest = content_digest(keys[hash_key_id(keys)])
 
     @property
     def key_ids(self) -> list[str]:
@@ -81,10 +81,21 @@ class FieldSealer:
             raise SealError("the sealed value does not open here (wrong place or tampered)") from exc
 
 
-def _oldest_key_id(keys: Mapping[str, bytes]) -> str:
-    """The key the idempotency hash is keyed from: the first `kN` by number (a rotation
-    adds a higher one and every key stays in the file), so it never changes."""
-    return min(keys, key=lambda kid: (0, int(kid[1:]), kid) if kid[1:].isdigit() else (1, 0, kid))
+def rotation_number(key_id: str) -> int | None:
+    """N of an id `kN` (ASCII digits), the form `keys rotate-field-key` gives; None for another id."""
+    digits = key_id[1:]
+    return int(digits) if key_id[:1] == "k" and digits.isascii() and digits.isdigit() else None
+
+
+def hash_key_id(key_ids: Iterable[str]) -> str:
+    """The key the idempotency hash is keyed from, one a rotation never changes: the first
+    id in sort order not of the form `kN` (named by hand, as a systemd credential may be),
+    else the `kN` of the lowest N. A rotation adds the next `kN` and every key stays in
+    the file (helper-129: with "prod" alone, the first rotation added "k1", which ranked
+    first, and every retry of what was stored before became a 409)."""
+    ids = list(key_ids)
+    named = sorted(kid for kid in ids if rotation_number(kid) is None)
+    return named[0] if named else min(ids, key=lambda kid: rotation_number(kid) or 0)
 
 
 def content_digest(key: bytes) -> Callable[[bytes], bytes]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -11,6 +13,7 @@ import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
+from collector.fieldkeys import load, rotate
 from collector.ingest.consent import consent_drop_reason, decision_time, identity_declined, state_of
 from collector.ingest.privacy import (
     apply_form_floor,
@@ -278,6 +281,22 @@ def test_the_content_hash_is_keyed_from_the_oldest_field_key() -> None:
     assert rotated.content_digest(content) == digest
     assert FieldSealer({"k1": b"\x02" * 32}, "k1").content_digest(content) != digest
     assert first.content_digest(content + b" ") != digest
+
+
+
+def test_a_rotation_never_changes_the_hash_key_whatever_the_ids(tmp_path: Path) -> None:
+    # helper-129: with a hand-named "prod" alone, the first rotation added "k1", which ranked
+    # first: every retry of an event stored before was a 409. "k²" stopped the server (int()).
+    content = b'{"type":"identify","rawPhone":"+1 415 555 0199"}'
+    for ids in (["prod"], ["k1"], ["k10", "k2"], ["k\u00b2"], ["2025-q1", "zeta"]):
+        path = tmp_path / f"{len(ids)}-{ids[0]}.json"
+        keys = {kid: base64.b64encode(bytes([n]) * 32).decode() for n, kid in enumerate(ids)}
+        path.write_text(json.dumps({"active": ids[0], "keys": keys}))
+        path.chmod(0o600)
+        before = load(path).content_digest(content)
+        for _ in range(2):
+            rotate(path)
+            assert load(path).content_digest(content) == before, (ids, json.loads(path.read_text())["keys"].keys())
 
 
 def test_without_a_sealer_values_are_withheld_not_stored_plain() -> None:
