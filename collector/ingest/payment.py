@@ -33,8 +33,9 @@ import json
 import re
 from collections.abc import Iterable, Iterator
 from typing import Any
+from urllib.parse import unquote
 
-from collector.ingest.unicode_digits import ANY_DIGIT_RUN, RUN_BYTES, ascii_readings
+from collector.ingest.unicode_digits import changed_windows, holds_run_read_otherwise, run_readings
 
 # (prefix low, prefix high, lengths): prefixes compared on the leading digits.
 _IIN_TABLE: tuple[tuple[int, int, frozenset[int]], ...] = (
@@ -259,16 +260,21 @@ def text_has_card(text: str) -> bool:
     """True when `text` holds a card number: see the module docstring for what counts.
 
     Digits and separators outside ASCII (full-width digits from an input method,
-    Arabic-Indic digits, thin spaces, en dashes, zero-width joiners) are read as
-    the ASCII ones too (unicode_digits), and tabs and line breaks as spaces
-    (helper-128: all were stored).
+    Arabic-Indic digits, thin spaces, en dashes, zero-width joiners), tabs and line
+    breaks are read as the ASCII digits and separators they stand for in the runs
+    that hold them (unicode_digits.run_readings), and a URL's percent-encoded UTF-8
+    (how a browser writes `４` in a URL) decoded (helper-128, helper-130: all were stored).
     """
-    if _has_card(text, unsure=""):
+    if _has_card(text, unsure="") or any(_has_card(reading, unsure="") for reading in run_readings(text)):
         return True
-    readings = ascii_readings(text)
-    if "\t" in text or "\n" in text or "\r" in text:  # (a tab or line break between the groups)
-        readings = (*readings, *(reading.translate(_LINE_BREAKS) for reading in (text, *readings)))
-    return any(_has_card(reading, unsure="") for reading in readings)
+    if _PERCENT_ENCODED_UTF8.search(text) is None:
+        return False
+    # (the first MiB: a URL is shorter, and unquote is Python, about 50 MB/s)
+    decoded = unquote(text[:_MOST_UNQUOTED], errors="replace")
+    return _has_card(decoded, unsure="") or any(_has_card(reading, unsure="") for reading in run_readings(decoded))
+
+
+_PERCENT_ENCODED_UTF8 = re.compile(r"%[89a-fA-F][0-9a-fA-F]")
 
 
 def _has_card(text: str, *, unsure: str) -> bool:
@@ -347,6 +353,16 @@ def _inside_iban(text: str, start: int) -> bool:
     return _IBAN_SO_FAR.search(text, max(0, start - 48), start) is not None
 
 
+# Letters of scripts written without spaces between words (Chinese, Japanese kana and
+# kanji, Thai, Lao, Khmer, Myanmar; and Hangul, often written so with numbers): a
+# number right after one is not part of a longer token ("カード番号４１１１…",
+# helper-130: taken for an id and stored).
+_UNSPACED_SCRIPT = re.compile(
+    "[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff"
+    "\uac00-\ud7af\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f]"
+)
+
+
 def _glued_before(text: str, start: int, unsure: str) -> bool | None:
     """Whether the run's first group is glued to what precedes it; None when unsure."""
     if start == 0:
@@ -354,7 +370,7 @@ def _glued_before(text: str, start: int, unsure: str) -> bool | None:
     char = text[start - 1]
     if char in unsure:
         return None
-    if char.isalnum():
+    if char.isalnum() and not _UNSPACED_SCRIPT.match(char):
         return not (char == "B" and text[start - 2 : start] == "%B")  # magnetic track 1: %B<PAN>^
     if char != "." or start < 2:
         return False
@@ -369,7 +385,7 @@ def _glued_after(text: str, end: int, unsure: str) -> bool | None:
         return None
     char = text[end]
     if char.isalnum():
-        return True
+        return not _UNSPACED_SCRIPT.match(char)
     return char == "." and end + 1 < len(text) and text[end + 1].isdigit()
 
 
@@ -440,57 +456,37 @@ def has_card_candidate(raw: bytes) -> bool:
     return (
         _raw_has_card(raw)
         or _HIDING_ESCAPE.search(raw) is not None
-        or _may_hide_unicode_card(raw)
-        or _may_hide_card_across_lines(raw)
+        or _may_hide_card_otherwise(raw)
     )
 
 
-_LINE_ESCAPES = (b"\\t", b"\\n", b"\\r")
-_LINE_BREAKS = str.maketrans("\t\n\r", "   ")
+_PERCENT_ENCODED_UTF8_BYTES = re.compile(rb"%[89a-fA-F][0-9a-fA-F]")
+_MOST_UNQUOTED = 1 << 20  # characters of a body or string percent-decoded (see text_has_card)
 
 
-def _may_hide_card_across_lines(raw: bytes) -> bool:
-    """True when the body may hold a card number whose groups a tab or a line break
-    separates ("4111\\n1111\\n…", JSON's escapes), read as spaces (False: certainly not)."""
-    if not any(escape in raw for escape in _LINE_ESCAPES):
+def _may_hide_card_otherwise(raw: bytes) -> bool:
+    """True when the body may write a card number as the scans above cannot see it (False:
+    certainly not): with digits or separators outside ASCII, as UTF-8 or \\u escapes,
+    with tabs or line breaks between the groups, or percent-encoded in a URL. A body all
+    ASCII without a backslash or "%", the common case, costs three byte scans; others a
+    decoding (C), a character-class scan, and a regex only around the characters read
+    otherwise (unicode_digits.changed_windows)."""
+    if raw.isascii() and b"\\" not in raw and b"%" not in raw:
         return False
-    for escape in _LINE_ESCAPES:
-        raw = raw.replace(escape, b" ")
-    return _raw_has_card(raw)
+    text = raw.decode("utf-8", "replace")
+    if "\\" in text:
+        text = _json_unescaped(text)
+    if _PERCENT_ENCODED_UTF8_BYTES.search(raw):
+        text += " " + unquote(text[:_MOST_UNQUOTED], errors="replace")
+    return any(holds_run_read_otherwise(window) for window in changed_windows(text))
 
 
-# A \u escape, or a pair of them that is one character past U+FFFF (a surrogate pair).
-_UNICODE_ESCAPE = re.compile(rb"\\u([dD][89abAB][0-9a-fA-F]{2})\\u([dD][c-fC-F][0-9a-fA-F]{2})|\\u([0-9a-fA-F]{4})")
-
-
-def _unescaped(match: re.Match[bytes]) -> bytes:
-    high, low, single = match.groups()
-    code = (
-        int(single, 16) if single is not None else 0x10000 + ((int(high, 16) - 0xD800) << 10) + int(low, 16) - 0xDC00
-    )
-    return chr(code).encode("utf-8", "surrogatepass")
-
-
-def _may_hide_unicode_card(raw: bytes) -> bool:
-    """True when the body may write a card number with digits or separators outside ASCII,
-    as UTF-8 or as \\u escapes (False: certainly not). A body all ASCII without escapes, the
-    common case, costs two byte scans; others a byte translation, and the digit-run regex
-    only around runs of the bytes such digits are made of (see unicode_digits.RUN_BYTES)."""
-    if b"\\u" in raw:
-        raw = _UNICODE_ESCAPE.sub(_unescaped, raw)
-    if raw.isascii():  # (ASCII digits and separators, escaped or not: the scans above)
-        return False
-    mapped = raw.translate(RUN_BYTES)
-    start = mapped.find(_RUN)
-    while start != -1:
-        end = mapped.find(b"x", start)
-        if end == -1:
-            end = len(mapped)
-        window = raw[start:end]
-        if not window.isascii() and ANY_DIGIT_RUN.search(window.decode("utf-8", "replace")):
-            return True
-        start = mapped.find(_RUN, end)
-    return False
+def _json_unescaped(text: str) -> str:
+    """`text` (JSON) with its escapes read, in C: other characters outside ASCII written as
+    Python's escapes first, then every escape read as Python reads them (JSON's are a
+    subset), a \\u escape pair past U+FFFF joined. Not JSON's strings alone: a pre-filter."""
+    escaped = text.encode("ascii", "backslashreplace").decode("unicode_escape", "replace")
+    return escaped.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def has_card_key(keys: Iterable[str]) -> bool:

@@ -400,6 +400,13 @@ async def test_card_numbers_written_outside_ascii_are_refused_on_every_write_rou
     del keyed["_eid"]
     response = await post(server, keyed, headers={**H, "Idempotency-Key": written[0].encode()})  # type: ignore[dict-item]
     assert response.json()["error"] == "prohibited_payment_data", response.text
+    # As a browser writes them in a URL: percent-encoded UTF-8 (helper-130: stored).
+    encoded = "".join("%EF%BC%9" + digit for digit in card)
+    response = await post(server, pageview("url-wide"), headers={**H, "Referer": f"https://acme.com/?c={encoded}"})
+    assert response.json()["error"] == "prohibited_payment_data", response.text
+    edge = {"_eid": "edge-url-wide", "visitorId": "v", "sessionId": "s", "url": f"https://acme.com/?c={encoded}"}
+    response = await server.client.post("/v1/edge/pageview", json=edge, headers=H)
+    assert response.json()["error"] == "prohibited_payment_data", response.text
     # Dates, phone numbers and ids in those digits are not cards.
     fine = pageview("wide-fine", type="custom", name="x",
                     label="\uff12\uff10\uff12\uff16\u5e74 \u2013 \u0665\u0660\u0663\u0662 \u2013 order 4567 8901 2345")
