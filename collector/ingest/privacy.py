@@ -129,11 +129,13 @@ _WORD_CLASS.update({
     "mutuelle": "health",
     "mdp": "secret",  # (French: mot de passe)
     # helper-128's intake, onboarding and banking forms: each of these was stored
+    # ("revenu" is inside the English "revenue" of every lead form, "handicap" is golf's, "covid"
+    # names policies, "test result" quizzes: helper-130; only the pair "revenu annuel" is kept)
     "cvn": "payment", "tfn": "government_id", "nss": "government_id", "nir": "government_id",
-    "blz": "financial", "revenu": "financial", "revenus": "financial",
-    "surgeries": "health", "dosage": "health", "covid": "health", "medikament": "health",
+    "blz": "financial",
+    "surgeries": "health", "dosage": "health", "medikament": "health",
     "medikamente": "health", "vorerkrankung": "health", "vorerkrankungen": "health", "behinderung": "health",
-    "handicap": "health", "discapacidad": "health", "blutgruppe": "health", "diagnosen": "health",
+    "discapacidad": "health", "blutgruppe": "health", "diagnosen": "health",
 })  # fmt: skip
 
 # Pairs of words (in order, adjacent) that decide a class together.
@@ -200,12 +202,13 @@ _PAIR_CLASS: dict[tuple[str, str], str] = {
     ("conto", "corrente"): "financial",
     ("historial", "medico"): "health", ("dossier", "medical"): "health",
     # helper-128: each of these was stored
-    ("card", "verification"): "payment", ("verification", "value"): "payment", ("pan", "number"): "payment",
+    # (not "verification value": an email's; "pan number" is India's tax id, not a card's: helper-130)
+    ("card", "verification"): "payment", ("pan", "number"): "government_id",
     ("drivers", "licence"): "government_id", ("ni", "number"): "government_id",
     ("tax", "file"): "government_id", ("numero", "secu"): "government_id",
     ("deposit", "account"): "financial", ("code", "banque"): "financial", ("revenu", "annuel"): "financial",
     ("family", "history"): "health", ("antecedents", "medicaux"): "health", ("groupe", "sanguin"): "health",
-    ("tipo", "sangre"): "health", ("test", "result"): "health",
+    ("tipo", "sangre"): "health",
 }  # fmt: skip
 # Words that join the words of a name in other languages ("numero_de_tarjeta",
 # "code-de-securite"): left out when pairs are looked for.
@@ -239,9 +242,10 @@ _ORDINARY = frozenset({
 # raw_fields types: HTML autocomplete tokens and input types.
 _TYPE_CLASS: dict[str, str] = {"password": "secret", "new-password": "secret",
                                "current-password": "secret", "one-time-code": "secret"}
-# (and in other languages: helper-128's "Kasse", "paiement", "pago" and "zahlung" were stored)
-_CHECKOUT_WORDS = frozenset({"checkout", "payment", "payments", "purchase", "creditcard", "kasse", "zahlung",
-                             "bezahlung", "paiement", "pago", "pagamento", "betaling", "afrekenen"})
+# (English only: "pago" is also "paid", "Kasse" a savings bank's "Sparkasse", and the words
+# after one that name another purpose are English ones; a non-English checkout is still
+# found by its payment fields: helper-130)
+_CHECKOUT_WORDS = frozenset({"checkout", "payment", "payments", "purchase", "creditcard"})
 _FORM_WORDS = frozenset({"", "form", "page", "step", "details", "info", "section", "modal", "method", "methods",
                          "options", "container", "wrapper", "panel"})
 # Words that make a "card number", "security code" or "name on" field another kind
