@@ -23,13 +23,16 @@ script's digits, spaces and dashes as ASCII ones and invisible characters
 left out (unicode_digits), an ideographic full stop as a dot: an address
 written `john\u200b@example.com` or `john＠example。com`, or a phone number in
 Arabic-Indic digits, is found there. When that reading holds something to
-scrub, the reading, scrubbed, is what is stored (helper-128: all were kept).
+scrub, those stretches of the text are replaced by markers, the rest kept as sent
+(helper-128: all were kept).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
+from collections.abc import Callable
 from functools import partial
 
 from collector.ingest.unicode_digits import ascii_digits
@@ -39,7 +42,9 @@ MAX_TEXT = 512  # spec 8.1; a marker can be longer than what it replaced
 # Tried only where a run of local-part characters starts, so a text of them
 # without a domain costs one pass, not one per starting position.
 _EMAIL = re.compile(r"(?<![\w.!#$%&'*+/=?^`{|}~-])[\w.!#$%&'*+/=?^`{|}~-]+@[\w-]+(?:\.[\w-]+)+")
-_SSN = re.compile(r"(?<![\w-])(?!000|666|9\d\d)\d{3}(?P<sep>[- ])(?!00)\d{2}(?P=sep)(?!0000)\d{4}(?![\w-])")
+_SSN = re.compile(
+    r"(?<![\w.-])(?!000|666|9\d\d)\d{3}(?P<sep> ?[-.] ?| )(?!00)\d{2}(?P=sep)(?!0000)\d{4}(?![\w-]|\.\d)"
+)
 # Nine digits after a word that names them ("My SSN is 123456789", "Social Security No. 123456789").
 _SSN_AFTER_WORD = re.compile(
     r"(?i:(?<!\w)(?:ssn|social security(?: number| no\.?)?)(?!\w)[\s:#.]*(?:is\s+)?)(?P<number>\d{9})(?!\w)"
@@ -81,43 +86,90 @@ _SEVEN_DIGITS = re.compile(r"(?:\D*\d){7}")  # fewer: no phone number or SSN can
 def scrub_text(text: str) -> str:
     """`text` with email addresses, phone numbers and SSNs replaced by markers (equal to it when none)."""
     if not text.isascii():
-        reading = _plain_reading(text)
-        if reading != text and (scrubbed := _scrubbed(reading)) is not reading:
-            return _cut(scrubbed)
-    scrubbed = _scrubbed(text)
+        reading, origin = _plain_reading(text)
+        if reading != text:
+            found = _scrubbed(reading, _unmarked)
+            if found is not reading:
+                return _cut(_marked_in_place(text, found, origin))
+    scrubbed = _scrubbed(text, _marker)
     return _cut(scrubbed) if scrubbed is not text else text
 
 
-_FULL_STOPS = str.maketrans({"\u3002": ".", "\uff61": "."})  # ideographic and halfwidth ideographic
+_FULL_STOPS = {"\u3002": ".", "\uff61": "."}  # ideographic and halfwidth ideographic
 
 
-def _plain_reading(text: str) -> str:
-    """`text` as the scrub's patterns read it: see the module docstring."""
-    return ascii_digits(unicodedata.normalize("NFKC", text)).translate(_FULL_STOPS)
+@functools.lru_cache(maxsize=4096)
+def _read_char(char: str) -> str:
+    """How the scrub's patterns read one character outside ASCII (see the module docstring)."""
+    if unicodedata.category(char) == "Mn":
+        return ""  # a combining mark: "e\u0301mile@" is an address from its first letter
+    return _FULL_STOPS.get(char) or ascii_digits(unicodedata.normalize("NFKC", char))
 
 
-def _scrubbed(text: str) -> str:
+def _plain_reading(text: str) -> tuple[str, list[int]]:
+    """`text` as the scrub's patterns read it, and for each of its characters (and its end)
+    the position in `text` of the character it comes from."""
+    pieces, origin = [], []
+    for at, char in enumerate(text):
+        piece = char if char.isascii() else _read_char(char)
+        pieces.append(piece)
+        origin.extend([at] * len(piece))
+    origin.append(len(text))
+    return "".join(pieces), origin
+
+
+# A find in the reading is overwritten by one of these, as long as it was: the reading's
+# positions stay those of `origin`, and only those stretches of the text are replaced
+# (helper-130: the whole label was stored as its reading, a family emoji split in three,
+# `x²` made `x2`).
+_UNMARKED = {"email": "\ue000", "ssn": "\ue001", "phone": "\ue002"}
+_MARKED = {sentinel: f"[{kind}]" for kind, sentinel in _UNMARKED.items()}
+_MARKED_RUN = re.compile("\ue000+|\ue001+|\ue002+")
+
+
+def _marker(kind: str, found: str) -> str:
+    return f"[{kind}]"
+
+
+def _unmarked(kind: str, found: str) -> str:
+    return _UNMARKED[kind] * len(found)
+
+
+def _marked_in_place(text: str, found: str, origin: list[int]) -> str:
+    """`text` with the stretches that `found` (its reading, finds overwritten) marks replaced by markers."""
+    out, kept_from = [], 0
+    for run in _MARKED_RUN.finditer(found):
+        start, end = origin[run.start()], origin[run.end()]
+        out.append(text[kept_from:start])
+        out.append(_MARKED[run.group()[0]])
+        kept_from = max(end, start + 1)
+    out.append(text[kept_from:])
+    return "".join(out)
+
+
+def _scrubbed(text: str, mark: Callable[[str, str], str]) -> str:
     scrubbed = text
     if "@" in scrubbed:
-        scrubbed = _EMAIL.sub("[email]", scrubbed)
+        scrubbed = _EMAIL.sub(lambda found: mark("email", found.group()), scrubbed)
     if _SEVEN_DIGITS.match(scrubbed):
-        scrubbed = _SSN.sub("[ssn]", scrubbed)
-        scrubbed = _SSN_AFTER_WORD.sub(_ssn_after_word, scrubbed)
+        scrubbed = _SSN.sub(lambda found: mark("ssn", found.group()), scrubbed)
+        scrubbed = _SSN_AFTER_WORD.sub(partial(_ssn_after_word, mark=mark), scrubbed)
         for pattern, fewest, most in _PHONES:
-            scrubbed = pattern.sub(partial(_phone, fewest=fewest, most=most), scrubbed)
+            scrubbed = pattern.sub(partial(_phone, fewest=fewest, most=most, mark=mark), scrubbed)
     return scrubbed
 
 
-def _ssn_after_word(found: re.Match[str]) -> str:
+def _ssn_after_word(found: re.Match[str], *, mark: Callable[[str, str], str]) -> str:
     start, end = found.span("number")
-    return found.group()[: start - found.start()] + "[ssn]" + found.group()[end - found.start() :]
+    whole = found.group()
+    return whole[: start - found.start()] + mark("ssn", found.group("number")) + whole[end - found.start() :]
 
 
-def _phone(found: re.Match[str], *, fewest: int, most: int) -> str:
+def _phone(found: re.Match[str], *, fewest: int, most: int, mark: Callable[[str, str], str]) -> str:
     number = found.group("number") if "number" in found.re.groupindex else found.group()
     if not fewest <= len(_DIGIT.findall(number)) <= most or _NOT_A_PHONE.fullmatch(number):
         return found.group()
-    return found.group().replace(number, "[phone]")
+    return found.group().replace(number, mark("phone", number))
 
 
 def _cut(text: str) -> str:

@@ -48,7 +48,14 @@ SCRUBBED = [
     ("john@example\u3002com", "[email]"), ("e\u0301mile@example.com", "[email]"),
     ("\u0647\u0627\u062a\u0641 \u0660\u0661\u0662\u0663\u0664\u0665\u0666\u0667\u0668\u0669", "\u0647\u0627\u062a\u0641 [phone]"),
     ("Call +1\u2011415\u2011555\u20110123", "Call [phone]"),
-    ("\uff34\uff45\uff4c: \uff10\uff13\uff10 \uff11\uff12\uff13\uff14\uff15\uff16\uff17", "Tel: [phone]"),
+    ("\uff34\uff45\uff4c: \uff10\uff13\uff10 \uff11\uff12\uff13\uff14\uff15\uff16\uff17", "\uff34\uff45\uff4c: [phone]"),
+    # only the finds are replaced; the rest of the label stays as sent (helper-130: it was
+    # stored as its reading, a family emoji split in three, x\u00b2 made x2, a Persian word misspelt)
+    ("\U0001f468\u200d\U0001f469\u200d\U0001f467 jane\u200b@example.com", "\U0001f468\u200d\U0001f469\u200d\U0001f467 [email]"),
+    ("x\u00b2 + y\u00b2, call 030\u20111234567", "x\u00b2 + y\u00b2, call [phone]"),
+    ("\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 \u0627\u06cc\u0645\u06cc\u0644 a\uff20b.co", "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 \u0627\u06cc\u0645\u06cc\u0644 [email]"),
+    ("\ufdfa" * 30 + " tel 030 1234567 END", "\ufdfa" * 30 + " tel [phone] END"),
+    ("Mail: e\u0301mile@example.com \u2014 merci", "Mail: [email] \u2014 merci"),    ("SSN 123.45.6789", "SSN [ssn]"), ("SSN 123 - 45 - 6789", "SSN [ssn]"),
 ]
 
 
