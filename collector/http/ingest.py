@@ -46,7 +46,7 @@ from collector.ingest.model import (
     MeterKind,
     PreparedBatch,
 )
-from collector.ingest.number_forms import hashes_before_int_numbers
+from collector.ingest.number_forms import earlier_event_hashes
 from collector.limits.rates import ingest_scope
 from collector.limits.usage import (
     COVERAGE_UNIT,
@@ -384,9 +384,9 @@ def _candidate(client_id: str, site_id: str, ev: AcceptedEvent) -> Candidate:
     )
 
 
-def _older_hashes(ev: AcceptedEvent) -> Callable[[], tuple[bytes, ...]] | None:
-    """Admission works them out only if a stored record matches neither current hash."""
-    return partial(hashes_before_int_numbers, ev.hashed_event) if ev.hashed_event is not None else None
+def _older_hashes(ev: AcceptedEvent) -> Callable[[bool], tuple[bytes, ...]] | None:
+    """Admission works them out only if it finds a record of an earlier version."""
+    return partial(earlier_event_hashes, ev.hashed_event) if ev.hashed_event is not None else None
 
 
 def _current_usage(services: Services, policy: UsagePolicy, period: str) -> UsageSnapshot:

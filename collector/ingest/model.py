@@ -64,12 +64,13 @@ class AcceptedEvent(msgspec.Struct, frozen=True):
     consent_state: ConsentState | None = None  # set for _consent_transition events
     visitor_id: str = ""
     event_ms: int = 0  # the client's own timestamp (relative timing: rage clicks)
-    # The unkeyed hashes versions before the keyed one stored for this content
-    # (ingest.content_hash): admission compares them with records of those versions.
+    # The unkeyed hashes versions before the keyed one stored for this content, for a
+    # translated route (edge, consent); an event's are worked out from hashed_event
+    # only when needed (number_forms.earlier_event_hashes).
     earlier_hashes: tuple[bytes, ...] = ()
-    # The event as hashed (before enrichment): from it, the hashes versions before
-    # 2026-11-25 gave it (numbers as floats) are worked out, only when a stored
-    # record matches neither hash (see ingest.number_forms).
+    # The event as hashed (before enrichment): from it, the unkeyed hashes earlier
+    # versions gave it are worked out, only when a record of theirs is found (see
+    # ingest.number_forms).
     hashed_event: AnyEvent | None = None
     # A pageview's or scroll's (sessionId, page path, depth percent, timeOnPage
     # ms; 0, 0 for a pageview): the visitor projection derives each page's

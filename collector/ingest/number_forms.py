@@ -84,3 +84,12 @@ def hashes_before_int_numbers(event: AnyEvent) -> tuple[bytes, ...]:
     if previous is event:
         return ()
     return unkeyed_event_hashes(previous)
+
+
+def earlier_event_hashes(event: AnyEvent, with_float_forms: bool) -> tuple[bytes, ...]:
+    """The unkeyed hashes versions before the keyed hash stored for `event` (as written),
+    and with_float_forms those of the versions before 2026-11-25 too (numbers as floats).
+    Worked out only when admission finds a record of theirs: a retry across an upgrade is
+    rare, and ordinary requests do not pay for it."""
+    hashes = unkeyed_event_hashes(event)
+    return hashes + hashes_before_int_numbers(event) if with_float_forms else hashes

@@ -387,11 +387,13 @@ _UNSEALED_DIGEST = content_digest(b"")
 def _content_hashes(
     event: AnyEvent, ctx: IngestContext, digest: Callable[[bytes], bytes]
 ) -> tuple[bytes, bytes, tuple[bytes, ...]]:
-    """`event_hashes`, or for a consent write the hashes of the identity its context names."""
+    """`event_hashes` (no unkeyed hashes: see number_forms.earlier_event_hashes), or for a
+    consent or edge write the hashes of the identity its context names, with the unkeyed
+    ones earlier versions stored for it (one event a request: worked out at once)."""
     if ctx.content_identity is not None:
         identity, legacy = ctx.content_identity, ctx.legacy_identity
         return _encoder.encode(event), digest(identity), unkeyed_hashes(legacy or identity, identity)
-    return event_hashes(event, digest)
+    return (*event_hashes(event, digest), ())
 
 
 def _too_large(index: int, eid: str, size: str) -> ServiceError:

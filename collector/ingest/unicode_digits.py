@@ -109,6 +109,11 @@ def changed_windows(text: str) -> Iterator[str]:
         yield window
 
 
+def read_otherwise(char: str) -> bool:
+    """Whether an ASCII reader reads `char` otherwise than a reading of it (see _READ_OTHERWISE)."""
+    return _READ_OTHERWISE.match(char) is not None and (char <= "\uffff" or char in _READ_OTHERWISE_PAST_BMP)
+
+
 def holds_run_read_otherwise(window: str) -> bool:
     """Whether `window` holds a run of twelve digits or more (of any script, up to three
     separators between two, invisible characters anywhere) holding a character an

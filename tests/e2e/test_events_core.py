@@ -14,6 +14,7 @@ import msgspec
 import pytest
 import trio
 
+from collector.ingest.content_hash import unkeyed_event_hashes
 from collector.ingest.model import IngestContext
 from collector.ingest.pipeline import prepare_batch
 from storage import idempotency
@@ -574,7 +575,9 @@ async def test_numbers_are_stored_as_written_and_old_float_records_still_match(s
     key = idempotency.ledger_key("acme", "old-record")
     record = idempotency.decode(read_stored(server.data_dir, "idempotency", key) or b"")
     context = IngestContext(client_id="acme", site_id="web", key_type="browser", production=True, now_ms=0)
-    float_hash = prepare_batch(json.dumps(as_floats).encode(), context).accepted[0].earlier_hashes[0]
+    hashed = prepare_batch(json.dumps(as_floats).encode(), context).accepted[0].hashed_event
+    assert hashed is not None
+    float_hash = unkeyed_event_hashes(hashed)[0]
     older = msgspec.msgpack.encode((float_hash, record.receipt_id, record.stored_ms))
     await trio.to_thread.run_sync(lambda: rewrite_stored(server.data_dir, "idempotency", key, value=older))
     retry = await post(server, {**scroll, "_eid": "old-record"})

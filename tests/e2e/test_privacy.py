@@ -24,6 +24,7 @@ import xxhash
 
 from collector.http.consent_body import ConsentBody
 from collector.http.edge_body import content_identities
+from collector.ingest.content_hash import unkeyed_event_hashes
 from collector.ingest.model import IngestContext
 from collector.ingest.pipeline import prepare_batch
 from storage import consent as consent_store
@@ -602,7 +603,9 @@ async def test_the_stored_idempotency_hash_is_keyed_and_outlives_a_key_rotation(
     # The attacker's guess, hashed as the previous versions did, finds nothing.
     context = IngestContext(client_id="acme", site_id="web", key_type="browser", production=True, now_ms=0)
     guessed = prepare_batch(json.dumps(who).encode(), context).accepted[0]
-    assert record.content_hash not in {*guessed.earlier_hashes, guessed.content_hash}
+    assert guessed.hashed_event is not None
+    unkeyed = unkeyed_event_hashes(guessed.hashed_event)
+    assert record.content_hash not in {*unkeyed, guessed.content_hash}
     assert (await server.client.post("/v1/events", json=who, headers=ACME)).json()["duplicates"] == 1
     # The hash key comes from the oldest field key: a rotation leaves retries duplicates.
     await trio.to_thread.run_sync(lambda: run_cli("keys", "rotate-field-key", data_dir=server.data_dir))
@@ -615,7 +618,7 @@ async def test_the_stored_idempotency_hash_is_keyed_and_outlives_a_key_rotation(
     changed = await again.client.post("/v1/events", json={**who, "rawPhone": "+1 415 555 0198"}, headers=ACME)
     assert changed.json()["error"] == "idempotency_conflict", changed.text
     # A record a version before the keyed hash stored (unkeyed, as written) still matches.
-    earlier = idempotency.encode_fields((guessed.earlier_hashes[0], record.receipt_id, record.stored_ms, 1))
+    earlier = idempotency.encode_fields((unkeyed[0], record.receipt_id, record.stored_ms, 1))
     await trio.to_thread.run_sync(lambda: rewrite_stored(server.data_dir, "idempotency", key, value=earlier))
     retry = await again.client.post("/v1/events", json=who, headers=ACME)
     assert (retry.json()["accepted"], retry.json()["duplicates"]) == (0, 1), retry.text
