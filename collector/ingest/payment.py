@@ -274,8 +274,7 @@ def text_has_card(text: str) -> bool:
         return True
     if _PERCENT_ENCODED_UTF8.search(text) is None:
         return False
-    # (the first MiB: a URL is shorter, and unquote is Python, about 50 MB/s)
-    decoded = unquote(text[:_MOST_UNQUOTED], errors="replace")
+    decoded = unquote(text, errors="replace")  # (all of it: helper-131 hid a URL past the first MiB)
     return _has_card(decoded, unsure="") or any(_has_card(reading, unsure="") for reading in run_readings(decoded))
 
 
@@ -466,7 +465,6 @@ def has_card_candidate(raw: bytes) -> bool:
 
 
 _PERCENT_ENCODED_UTF8_BYTES = re.compile(rb"%[89a-fA-F][0-9a-fA-F]")
-_MOST_UNQUOTED = 1 << 20  # characters of a body or string percent-decoded (see text_has_card)
 
 
 def _may_hide_card_otherwise(raw: bytes) -> bool:
@@ -493,7 +491,7 @@ def _may_hide_card_otherwise(raw: bytes) -> bool:
     if "\\" in text:
         text = _json_unescaped(text)
     if _PERCENT_ENCODED_UTF8_BYTES.search(raw):
-        text += " " + unquote(text[:_MOST_UNQUOTED], errors="replace")
+        text += " " + unquote(text, errors="replace")
     return any(holds_run_read_otherwise(window) for window in changed_windows(text))
 
 

@@ -25,7 +25,7 @@ from collector.ingest.payment import (
     text_has_card,
 )
 from collector.ingest.pipeline import prepare_batch
-from collector.ingest.unicode_digits import changed_windows
+from collector.ingest.unicode_digits import changed_windows, run_readings
 
 
 def full_walk(decoded: Any) -> bool:
@@ -355,11 +355,29 @@ def test_the_pre_filter_reads_a_run_both_ways_where_it_is_unsure() -> None:
 
 def test_a_long_text_is_read_again_only_around_what_an_ascii_reader_reads_otherwise() -> None:
     # helper-130: one zero-width space before 10 MB of digit groups made every reading
-    # cover all of it (9 s of CPU for a 20 KB gzip body). Now: at most 256 windows of
-    # about a kilobyte, around the characters read otherwise, whatever the text.
+    # cover all of it (9 s of CPU for a 20 KB gzip body). Now: windows of about a
+    # kilobyte around the characters read otherwise, and at most 256 of them, or one per
+    # 4,096 characters, read again, whatever the text.
     for text in ("\t\u200b" + "1234 " * 200_000, "1234\u200b" * 200_000, "\uff11\uff12\uff13\uff14 " * 200_000):
         windows = list(changed_windows(text))
-        assert len(windows) <= 256 and max(map(len, windows)) <= 1024 + 2 * 81 + 2, (len(windows), text[:10])
+        assert len(list(run_readings(text))) <= 2 * max(256, len(text) // 4096), text[:10]
+        assert max(map(len, windows)) <= 1024 + 2 * 81 + 20 + 1, text[:10]
+        assert sum(map(len, windows)) <= 3 * len(text), text[:10]
+    # helper-131: windows with fewer than twelve digits (line breaks, dates) used the
+    # budget up before the card at the end of a long text.
+    lines = "An ordinary line of a label, with a date 2026-11-25.\n" * 400
+    assert text_has_card(lines + "card:\n4111\n1111\n1111\n1111\n")
+    dates = "\uff12\uff10\uff12\uff16\u5e74\uff11\uff11\u6708\uff12\uff15\u65e5\u306b\u5c4a\u304d\u307e\u3059\u3002" * 300
+    assert text_has_card(dates + "\u30ab\u30fc\u30c9\u756a\u53f7\u306f" + "\u3000".join(
+        "".join(chr(0xFF10 + int(d)) for d in group) for group in _GROUPS))
+    labels = [{"label": "Caf\u00e9 " + lines}] + [{"label": lines}] * 23 + [{"label": "card:\n4111\n1111\n1111\n1111"}]
+    for raw in encodings({"events": labels}):
+        assert find_payment_data(raw, json.loads(raw)) is not None
+    # A window starting at the digits of a decimal fraction or of a token glued to
+    # letters does not read them as a card (helper-131: a refusal no event explained).
+    for head in ("rand=0.", "ABC"):
+        text = head + "4111111111111111" + " " * 64 + "\n"  # (the window starts at the "4")
+        assert not text_has_card(text), text
     # A window cut inside a run of digits is glued at the cut: the part cut off is no
     # run of its own ("41111111111111111234" is not a card, nor its first 16 digits).
     text = "1234\u200b" * 40 + "41111111111111111234" + " 5" * 100
