@@ -95,7 +95,10 @@ def scrub_text(text: str) -> str:
     return _cut(scrubbed) if scrubbed is not text else text
 
 
-_FULL_STOPS = {"\u3002": ".", "\uff61": "."}  # ideographic and halfwidth ideographic
+# Ideographic and halfwidth ideographic full stops read as dots; telephone signs as the
+# word (NFKC makes "℡" "TEL", glued to the number after it: helper-131).
+_READ_AS = {"\u3002": ".", "\uff61": ".", "\u2121": " tel ", "\u260e": " tel ", "\u260f": " tel ",
+            "\U0001f4de": " tel ", "\U0001f4f1": " tel "}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -103,7 +106,9 @@ def _read_char(char: str) -> str:
     """How the scrub's patterns read one character outside ASCII (see the module docstring)."""
     if unicodedata.category(char) == "Mn":
         return ""  # a combining mark: "e\u0301mile@" is an address from its first letter
-    return _FULL_STOPS.get(char) or ascii_digits(unicodedata.normalize("NFKC", char))
+    if "\ufdd0" <= char <= "\ufdef":
+        return "?"  # (a noncharacter: the sentinels below are three of them)
+    return _READ_AS.get(char) or ascii_digits(unicodedata.normalize("NFKC", char))
 
 
 def _plain_reading(text: str) -> tuple[str, list[int]]:
@@ -118,13 +123,15 @@ def _plain_reading(text: str) -> tuple[str, list[int]]:
     return "".join(pieces), origin
 
 
-# A find in the reading is overwritten by one of these, as long as it was: the reading's
-# positions stay those of `origin`, and only those stretches of the text are replaced
-# (helper-130: the whole label was stored as its reading, a family emoji split in three,
-# `x²` made `x2`).
-_UNMARKED = {"email": "\ue000", "ssn": "\ue001", "phone": "\ue002"}
-_MARKED = {sentinel: f"[{kind}]" for kind, sentinel in _UNMARKED.items()}
-_MARKED_RUN = re.compile("\ue000+|\ue001+|\ue002+")
+# A find in the reading is overwritten by a sentinel character, as long as it was: the
+# reading's positions stay those of `origin`, and only those stretches of the text are
+# replaced (helper-130: the whole label was stored as its reading, a family emoji split
+# in three, `x²` made `x2`). The sentinels are noncharacters, which the reading never
+# holds (_read_char reads them as "?"; helper-131: U+E000, an icon font's glyph in a
+# label, was taken for a find).
+_SENTINELS = {"email": "\ufdd0", "ssn": "\ufdd1", "phone": "\ufdd2"}
+_MARKED = {sentinel: f"[{kind}]" for kind, sentinel in _SENTINELS.items()}
+_MARKED_RUN = re.compile("\ufdd0+|\ufdd1+|\ufdd2+")
 
 
 def _marker(kind: str, found: str) -> str:
@@ -132,17 +139,21 @@ def _marker(kind: str, found: str) -> str:
 
 
 def _unmarked(kind: str, found: str) -> str:
-    return _UNMARKED[kind] * len(found)
+    return _SENTINELS[kind] * len(found)
 
 
 def _marked_in_place(text: str, found: str, origin: list[int]) -> str:
-    """`text` with the stretches that `found` (its reading, finds overwritten) marks replaced by markers."""
+    """`text` with the stretches that `found` (its reading, finds overwritten) marks replaced
+    by markers: from the character the find's first comes from to the one its last comes
+    from, whole (an invisible character after a find is kept: helper-131 lost the U+202C
+    that closed a right-to-left run; a character that reads as several, ⒎ as "7.", goes
+    with the find when part of it does)."""
     out, kept_from = [], 0
     for run in _MARKED_RUN.finditer(found):
-        start, end = origin[run.start()], origin[run.end()]
+        start, end = origin[run.start()], origin[run.end() - 1] + 1
         out.append(text[kept_from:start])
         out.append(_MARKED[run.group()[0]])
-        kept_from = max(end, start + 1)
+        kept_from = end
     out.append(text[kept_from:])
     return "".join(out)
 

@@ -56,6 +56,15 @@ SCRUBBED = [
     ("\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 \u0627\u06cc\u0645\u06cc\u0644 a\uff20b.co", "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 \u0627\u06cc\u0645\u06cc\u0644 [email]"),
     ("\ufdfa" * 30 + " tel 030 1234567 END", "\ufdfa" * 30 + " tel [phone] END"),
     ("Mail: e\u0301mile@example.com \u2014 merci", "Mail: [email] \u2014 merci"),    ("SSN 123.45.6789", "SSN [ssn]"), ("SSN 123 - 45 - 6789", "SSN [ssn]"),
+    # helper-131: an icon font's U+E000 and a noncharacter stay, an invisible character
+    # after a find stays, a character read as several goes with the find, ℡ is a phone word
+    ("\ue000 Contact: support\uff20acme.com", "\ue000 Contact: [email]"),
+    ("\ufdd0\ufdd1 SSN\uff1a\uff11\uff12\uff13\u2212\uff14\uff15\u2212\uff16\uff17\uff18\uff19", "\ufdd0\ufdd1 SSN\uff1a[ssn]"),
+    ("\u202b\u0647\u0627\u062a\u0641: \u0660\u0665\u0660\u0661\u0662\u0663\u0664\u0665\u0666\u0667\u202c ok",
+     "\u202b\u0647\u0627\u062a\u0641: [phone]\u202c ok"),
+    ("Call \uff10\uff13\uff10\uff11\uff12\uff13\uff14\uff15\uff16\u248e now", "Call [phone] now"),
+    ("\u2121\uff10\uff13\uff0d\uff11\uff12\uff13\uff14\uff0d\uff15\uff16\uff17\uff18", "\u2121[phone]"),
+    ("\u96fb\u8a71\uff1a\uff10\uff13\u30fc\uff11\uff12\uff13\uff14\u30fc\uff15\uff16\uff17\uff18", "\u96fb\u8a71\uff1a[phone]"),
 ]
 
 
