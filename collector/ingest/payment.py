@@ -272,10 +272,13 @@ def text_has_card(text: str) -> bool:
     """
     if _has_card(text, unsure="") or any(_has_card(reading, unsure="") for reading in run_readings(text)):
         return True
-    if _PERCENT_ENCODED_UTF8.search(text) is None:
-        return False
-    decoded = unquote(text, errors="replace")  # (all of it: helper-131 hid a URL past the first MiB)
-    return _has_card(decoded, unsure="") or any(_has_card(reading, unsure="") for reading in run_readings(decoded))
+    # Decoded around each percent-encoded byte past ASCII, not whole: every window of a
+    # long text, not its first MiB (helper-131), and not the whole text again (helper-132).
+    for window in changed_windows(text, _PERCENT_ENCODED_UTF8):
+        decoded = unquote(window, errors="replace")
+        if _has_card(decoded, unsure="") or any(_has_card(reading, unsure="") for reading in run_readings(decoded)):
+            return True
+    return False
 
 
 _PERCENT_ENCODED_UTF8 = re.compile(r"%[89a-fA-F][0-9a-fA-F]")
@@ -490,8 +493,8 @@ def _may_hide_card_otherwise(raw: bytes) -> bool:
     text = raw.decode("utf-8", "replace")
     if "\\" in text:
         text = _json_unescaped(text)
-    if _PERCENT_ENCODED_UTF8_BYTES.search(raw):
-        text += " " + unquote(text, errors="replace")
+    if _PERCENT_ENCODED_UTF8_BYTES.search(raw):  # (the decoded windows, apart: see text_has_card)
+        text += "".join(" " + unquote(window, errors="replace") for window in changed_windows(text, _PERCENT_ENCODED_UTF8))
     return any(holds_run_read_otherwise(window) for window in changed_windows(text))
 
 

@@ -17,14 +17,14 @@ are scrubbed wherever they are. Each becomes a marker (`[email]`, `[phone]`,
 `[ssn]`), so the text still reads as the label it was. Card numbers never get
 here: the payment scan refuses the whole request (spec 4.1 rule 5).
 
-Text outside ASCII is also read in its compatibility form (NFKC: a full-width
-`＠` or digit is the ASCII one, a decomposed accent is composed) with every
-script's digits, spaces and dashes as ASCII ones and invisible characters
-left out (unicode_digits), an ideographic full stop as a dot: an address
-written `john\u200b@example.com` or `john＠example。com`, or a phone number in
-Arabic-Indic digits, is found there. When that reading holds something to
-scrub, those stretches of the text are replaced by markers, the rest kept as sent
-(helper-128: all were kept).
+Text outside ASCII is also read plainly: full-width and small forms of ASCII
+(`＠`, `．`, `Ｔｅｌ`) as ASCII, every script's digits, spaces and dashes as
+ASCII ones, combining marks and invisible characters left out (unicode_digits),
+an ideographic full stop as a dot, telephone signs as the word "tel": an
+address written `john\\u200b@example.com` or `john＠example。com`, or a phone
+number in Arabic-Indic digits, is found there. Those finds replace their own
+stretches of the text, and the text as sent is scrubbed as well (helper-128:
+all were kept).
 """
 
 from __future__ import annotations
@@ -85,14 +85,18 @@ _SEVEN_DIGITS = re.compile(r"(?:\D*\d){7}")  # fewer: no phone number or SSN can
 
 def scrub_text(text: str) -> str:
     """`text` with email addresses, phone numbers and SSNs replaced by markers (equal to it when none)."""
+    scrubbed = text
     if not text.isascii():
         reading, origin = _plain_reading(text)
         if reading != text:
             found = _scrubbed(reading, _unmarked)
-            if found is not reading:
-                return _cut(_marked_in_place(text, found, origin))
-    scrubbed = _scrubbed(text, _marker)
-    return _cut(scrubbed) if scrubbed is not text else text
+            if _MARKED_RUN.search(found):
+                scrubbed = _marked_in_place(text, found, origin)
+    # The text as sent is scrubbed too, the reading's finds marked or not (helper-132: a
+    # find in the reading, or a near-find, returned early, and a phone number that the
+    # reading glued to a superscript was kept).
+    scrubbed = _scrubbed(scrubbed, _marker)
+    return text if scrubbed == text else _cut(scrubbed)
 
 
 # Ideographic and halfwidth ideographic full stops read as dots; telephone signs as the
@@ -108,7 +112,14 @@ def _read_char(char: str) -> str:
         return ""  # a combining mark: "e\u0301mile@" is an address from its first letter
     if "\ufdd0" <= char <= "\ufdef":
         return "?"  # (a noncharacter: the sentinels below are three of them)
-    return _READ_AS.get(char) or ascii_digits(unicodedata.normalize("NFKC", char))
+    if char in _READ_AS:
+        return _READ_AS[char]
+    if "\uff01" <= char <= "\uff5e" or "\ufe50" <= char <= "\ufe6b":
+        # Full-width and small forms of ASCII (＠, ．, Ｔｅｌ) by their compatibility form;
+        # not other characters, whose compatibility forms glue letters or digits to what
+        # is next to them (helper-132: ™ made "TMjane@…" one address, ¹ a digit of a phone).
+        return unicodedata.normalize("NFKC", char)
+    return ascii_digits(char)
 
 
 def _plain_reading(text: str) -> tuple[str, list[int]]:
@@ -177,10 +188,22 @@ def _ssn_after_word(found: re.Match[str], *, mark: Callable[[str, str], str]) ->
 
 
 def _phone(found: re.Match[str], *, fewest: int, most: int, mark: Callable[[str, str], str]) -> str:
-    number = found.group("number") if "number" in found.re.groupindex else found.group()
+    number = _before_a_late_bracket(found.group("number") if "number" in found.re.groupindex else found.group())
     if not fewest <= len(_DIGIT.findall(number)) <= most or _NOT_A_PHONE.fullmatch(number):
         return found.group()
-    return found.group().replace(number, mark("phone", number))
+    return found.group().replace(number, mark("phone", number), 1)
+
+
+def _before_a_late_bracket(number: str) -> str:
+    """`number` up to an opening bracket after eight digits or more: an area code is in
+    one earlier ("+1 (415) 555-0100", "+49 (0)30 …"); one this late opens the label's own
+    words (helper-132: "Call +1 415 555 0100 (24/7)" was stored "Call [phone])")."""
+    at = number.find("(")
+    while at != -1:
+        if len(_DIGIT.findall(number, 0, at)) >= 8:
+            return number[:at].rstrip()
+        at = number.find("(", at + 1)
+    return number
 
 
 def _cut(text: str) -> str:

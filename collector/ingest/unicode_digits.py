@@ -33,7 +33,8 @@ for _cp in (*range(0x80, 0x20000), *range(0xE0000, 0xE1000)):
     elif _category == "Cf":
         _INVISIBLE.append(_cp)
 
-_LINE_BREAKS = dict.fromkeys(map(ord, "\t\n\r\v\f"), " ")
+# (and the line and paragraph separators and NEL: helper-132 joined a card's groups with them)
+_LINE_BREAKS = dict.fromkeys(map(ord, "\t\n\r\v\f\x85\u2028\u2029"), " ")
 _SEPARATORS = {**dict.fromkeys(_SPACES, " "), **dict.fromkeys(_DASHES, "-"), **_LINE_BREAKS}
 # Two readings of the invisible characters: gone ("4\u200b1\u200b1…" is one
 # number) or a space ("4111\u200b1111…" is grouped as a card is).
@@ -55,7 +56,8 @@ def _bmp(code_points: list[int]) -> list[int]:
 # a class holding those few hundred scanned 10 MB in 4 s, this one in 35 ms).
 _READ_OTHERWISE_PAST_BMP = frozenset(chr(cp) for cp in (*_DIGITS, *_INVISIBLE) if cp > 0xFFFF)
 _READ_OTHERWISE = re.compile(
-    f"[{_char_class(_bmp([*_DIGITS, *_SPACES, *_DASHES, *_INVISIBLE]))}\t\n\r\v\f\U00010000-\U0010ffff]"
+    f"[{_char_class(_bmp([*_DIGITS, *_SPACES, *_DASHES, *_INVISIBLE]))}\t\n\r\v\f\x85\u2028\u2029"
+    "\U00010000-\U0010ffff]"
 )
 # Invisible characters, found the same fast way (past the BMP: the tag characters).
 _INVISIBLE_FAST = re.compile(f"[{_char_class(_bmp(_INVISIBLE))}\U000e0000-\U000e0fff]")
@@ -65,15 +67,12 @@ _DASH_CLASS = _char_class(_DASHES)
 _RUN = re.compile(f"\\d(?:(?:[\\s+\\-{_DASH_CLASS}]|%20){{0,3}}\\d)*")
 _RUN_OF_12 = re.compile(f"\\d(?:(?:[\\s+\\-{_DASH_CLASS}]|%20){{0,3}}\\d){{11}}")
 _ANY_DIGIT = re.compile(r"\d")
-_ASCII_LINE_BREAK = re.compile("[\t\n\r\v\f]")
+_ASCII_LINE_BREAK = re.compile("[\t\n\r\v\f]")  # (the others are outside ASCII)
 
 # Around each such character, what a card holding it can span (19 digits, three
 # separators between two) and the context payment.py reads (an IBAN's start).
 _REACH = 80
 _MOST_WINDOW = 1024  # characters: a longer stretch of them is looked at in several windows
-# Windows read again per text (see run_readings): 256, or one for every 4,096 characters
-# of a longer text.
-_MOST_READ, _CHARACTERS_PER_READ = 256, 4096
 # What stands in for a run cut off before a window: a first group too long to start a
 # card, as the run's first group is not where a card may start (payment._groups_from_run).
 _CUT_RUN_BEFORE = "0" * 20
@@ -85,7 +84,7 @@ def ascii_digits(text: str) -> str:
     return text.translate(_DROPPING_INVISIBLE)
 
 
-def changed_windows(text: str) -> Iterator[str]:
+def changed_windows(text: str, trigger: re.Pattern[str] | None = None) -> Iterator[str]:
     """The stretches of `text` around the characters an ASCII reader reads otherwise
     (digits, spaces, dashes outside ASCII, invisible characters, tabs and line breaks),
     each holding twelve digits or more: only there can a reading hold a card that the
@@ -93,11 +92,12 @@ def changed_windows(text: str) -> Iterator[str]:
     one character-class scan and a digit count a window more, not readings of all of
     it (helper-130: a 10 MB body of digit groups with one zero-width space cost 9 s of
     CPU read whole). A window's edge cut inside a token stands for what it cut off
-    (see _window).
+    (see _window). `trigger`: what else to open windows around (payment.py: a URL's
+    percent-encoded bytes).
     """
     start = end = -1
-    for found in _READ_OTHERWISE.finditer(text):
-        if found.group() > "\uffff" and found.group() not in _READ_OTHERWISE_PAST_BMP:
+    for found in (trigger or _READ_OTHERWISE).finditer(text):
+        if trigger is None and found.group() > "\uffff" and found.group() not in _READ_OTHERWISE_PAST_BMP:
             continue  # (an emoji, a letter of another plane)
         at = found.start()
         if end != -1 and at - _REACH <= end and end - start < _MOST_WINDOW:
@@ -167,19 +167,13 @@ def holds_run_read_otherwise(window: str) -> bool:
 def run_readings(text: str) -> Iterator[str]:
     """ASCII readings of the windows of `text` (changed_windows) that may hold a run an
     ASCII reader does not read as one (holds_run_read_otherwise: a line break after a
-    date does not), both readings of their invisible characters. At most 256 windows
-    are read so, or one for every 4,096 characters of a longer text: text crafted to be
-    read again and again past that is not (the scan is there for what clients send by
-    mistake, not for a client hiding a number); other windows do not count (helper-131:
-    a batch of ordinary multi-line labels used a budget up before the card in its last
-    event)."""
-    most = max(_MOST_READ, len(text) // _CHARACTERS_PER_READ)
+    date does not), both readings of their invisible characters. Every such window: a
+    budget let a card through in ordinary text, a long table of numbers (helper-131,
+    helper-132); windows hold at most about twice the text between them, so the cost
+    stays linear."""
     for window in changed_windows(text):
         if not holds_run_read_otherwise(window):
             continue
         yield window.translate(_DROPPING_INVISIBLE)
         if _INVISIBLE_FAST.search(window) is not None:
             yield window.translate(_SPACING_INVISIBLE)
-        most -= 1
-        if most == 0:
-            return
