@@ -188,7 +188,10 @@ def _ssn_after_word(found: re.Match[str], *, mark: Callable[[str, str], str]) ->
 
 
 def _phone(found: re.Match[str], *, fewest: int, most: int, mark: Callable[[str, str], str]) -> str:
-    number = _before_a_late_bracket(found.group("number") if "number" in found.re.groupindex else found.group())
+    whole = found.group("number") if "number" in found.re.groupindex else found.group()
+    number = _before_a_late_bracket(whole)
+    if number is not whole and not (fewest <= len(_DIGIT.findall(number)) <= most and not _NOT_A_PHONE.fullmatch(number)):
+        number = whole  # (cut, it is no phone: "+49 301 234 (5678)" reads as an amount then; helper-133)
     if not fewest <= len(_DIGIT.findall(number)) <= most or _NOT_A_PHONE.fullmatch(number):
         return found.group()
     return found.group().replace(number, mark("phone", number), 1)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 _DIGITS: dict[int, str] = {}  # every decimal digit (category Nd) outside ASCII -> its ASCII digit
 _SPACES: list[int] = []  # space separators (Zs) outside ASCII
@@ -72,7 +72,11 @@ _ASCII_LINE_BREAK = re.compile("[\t\n\r\v\f]")  # (the others are outside ASCII)
 # Around each such character, what a card holding it can span (19 digits, three
 # separators between two) and the context payment.py reads (an IBAN's start).
 _REACH = 80
-_MOST_WINDOW = 1024  # characters: a longer stretch of them is looked at in several windows
+_MOST_WINDOW = 2048  # characters: a longer stretch of them is looked at in several windows
+# ... which overlap by this much: more than a card takes, percent-encoded (19 mathematical
+# digits of 12 characters and 18 encoded separators of 9: 390), with room for invisible
+# characters between them.
+_OVERLAP = 768
 # What stands in for a run cut off before a window: a first group too long to start a
 # card, as the run's first group is not where a card may start (payment._groups_from_run).
 _CUT_RUN_BEFORE = "0" * 20
@@ -84,7 +88,9 @@ def ascii_digits(text: str) -> str:
     return text.translate(_DROPPING_INVISIBLE)
 
 
-def changed_windows(text: str, trigger: re.Pattern[str] | None = None) -> Iterator[str]:
+def changed_windows(
+    text: str, trigger: re.Pattern[str] | None = None, keep: Callable[[str], bool] | None = None
+) -> Iterator[str]:
     """The stretches of `text` around the characters an ASCII reader reads otherwise
     (digits, spaces, dashes outside ASCII, invisible characters, tabs and line breaks),
     each holding twelve digits or more: only there can a reading hold a card that the
@@ -93,15 +99,25 @@ def changed_windows(text: str, trigger: re.Pattern[str] | None = None) -> Iterat
     it (helper-130: a 10 MB body of digit groups with one zero-width space cost 9 s of
     CPU read whole). A window's edge cut inside a token stands for what it cut off
     (see _window). `trigger`: what else to open windows around (payment.py: a URL's
-    percent-encoded bytes).
+    percent-encoded characters), those of its finds that `keep` keeps.
     """
     start = end = -1
     for found in (trigger or _READ_OTHERWISE).finditer(text):
         if trigger is None and found.group() > "\uffff" and found.group() not in _READ_OTHERWISE_PAST_BMP:
             continue  # (an emoji, a letter of another plane)
+        if keep is not None and not keep(found.group()):
+            continue
         at = found.start()
-        if end != -1 and at - _REACH <= end and end - start < _MOST_WINDOW:
-            end = at + _REACH + 1
+        if end != -1 and at - _REACH <= end:
+            if end - start < _MOST_WINDOW:
+                end = at + _REACH + 1
+                continue
+            # Too long: the next window takes over the last _OVERLAP characters, so a card
+            # that the cut falls across is whole in it (helper-133: with 161 in common, a
+            # percent-encoded full-width card, 171 characters, was in neither).
+            if (window := _window(text, start, end)) is not None:
+                yield window
+            start, end = end - _OVERLAP, at + _REACH + 1
             continue
         if end != -1 and (window := _window(text, start, end)) is not None:
             yield window
@@ -126,7 +142,7 @@ def _window(text: str, start: int, end: int) -> str | None:
             window = before + window
         elif before == ".":
             window = "0." + window
-        elif _ANY_DIGIT.match(before) or _in_run(before):
+        elif _ANY_DIGIT.match(before) or (_in_run(before) and _digit_before_separators(text, start)):
             window = _CUT_RUN_BEFORE + window
     if end < len(text):
         after = text[end]
@@ -135,6 +151,21 @@ def _window(text: str, start: int, end: int) -> str | None:
         elif after == "." or _ANY_DIGIT.match(after) or _in_run(after):
             window += "x"
     return window
+
+
+def _digit_before_separators(text: str, start: int) -> bool:
+    """Whether the separators and invisible characters just before `start` follow a digit (so
+    the run goes on across a cut there), looking back at most 64 characters (past them:
+    no, which only digits 64 invisible characters apart, never sent by mistake, could
+    make wrong). Separators alone before a run do not glue it (helper-133's card after
+    1,883 zero-width spaces: the cut stood for digits, and the card read as a longer run)."""
+    for at in range(start - 1, max(-1, start - 65), -1):
+        char = text[at]
+        if _ANY_DIGIT.match(char):
+            return True
+        if not _in_run(char):
+            return False
+    return False
 
 
 def _in_run(char: str) -> bool:

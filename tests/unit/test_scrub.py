@@ -69,6 +69,7 @@ SCRUBBED = [
     ("Tel\u2460 030 1234567 jane@example.com", "Tel\u2460 [phone] [email]"),
     ("030 1234567 \u246b Termine", "[phone] \u246b Termine"),
     ("Call +1 415 555 0100 (24/7)", "Call [phone] (24/7)"), ("\u2122jane@example.com", "\u2122[email]"),
+    ("+49 301 234 (5678)", "[phone])"),  # (the bracket is not the label's here: scrubbed whole)
     ("\u2121\uff10\uff13\uff0d\uff11\uff12\uff13\uff14\uff0d\uff15\uff16\uff17\uff18", "\u2121[phone]"),
     ("\u96fb\u8a71\uff1a\uff10\uff13\u30fc\uff11\uff12\uff13\uff14\u30fc\uff15\uff16\uff17\uff18", "\u96fb\u8a71\uff1a[phone]"),
 ]
