@@ -236,8 +236,8 @@ class _Checker:
         # billing into it (helper-126: an account of several clients was not compared).
         # A client whose billing account changed (tenants import records the period)
         # had its earlier events counted into the account of their time.
-        pooled: dict[tuple[str, str, str], int] = {}
-        members: dict[tuple[str, str, str], list[str]] = {}
+        # (account, period, unit) -> client -> events the outbox holds of it
+        pooled: dict[tuple[str, str, str], dict[str, int]] = {}
         skipped: set[str] = set()
         for (client, period, unit), found in sorted(self.counted.items()):
             billed = accounts.get(client)
@@ -251,14 +251,12 @@ class _Checker:
                     )
                     self.report.notes.append(f"usage of client {client} not compared: {why}")
                 continue
-            bucket = (next(iter(billed)), period, unit)
-            pooled[bucket] = pooled.get(bucket, 0) + found
-            members.setdefault(bucket, []).append(client)
-        for (account, period, unit), found in sorted(pooled.items()):
-            have = stored.get((account, period, unit), 0)
+            pooled.setdefault((next(iter(billed)), period, unit), {})[client] = found
+        for (account, period, unit), by_client in sorted(pooled.items()):
+            have, found = stored.get((account, period, unit), 0), sum(by_client.values())
             if have >= found:
                 continue
-            clients = members[(account, period, unit)]
+            clients = list(by_client)
             shortfall = f"counter {account}/{period}/{unit} is {have}, the outbox holds {found}"
             if clients != [account]:
                 shortfall += f" of clients {', '.join(clients)}"

@@ -36,10 +36,8 @@ def hashed_forms(event: AnyEvent) -> tuple[bytes, bytes]:
 def event_hashes(event: AnyEvent, digest: Callable[[bytes], bytes]) -> tuple[bytes, bytes]:
     """(the event's JSON as sent, its keyed content hash). The unkeyed hashes earlier versions
     stored are worked out only when a record of theirs is found (number_forms.earlier_event_hashes)."""
-    client_json = _encoder.encode(event)
-    if isinstance(event, Form | Identify):
-        return client_json, digest(_sorted_keys_encoder.encode(event))
-    return client_json, digest(client_json)
+    client_json, hashed = hashed_forms(event)
+    return client_json, digest(hashed)
 
 
 def unkeyed_hashes(client_json: bytes, hashed: bytes) -> tuple[bytes, ...]:

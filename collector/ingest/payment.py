@@ -270,15 +270,19 @@ def text_has_card(text: str) -> bool:
     that hold them (unicode_digits.run_readings), and a URL's percent-encoded UTF-8
     (how a browser writes `４` in a URL) decoded (helper-128, helper-130: all were stored).
     """
-    if _has_card(text, unsure="") or any(_has_card(reading, unsure="") for reading in run_readings(text)):
+    if _reads_as_card(text):
         return True
     # Decoded around each percent-encoded byte past ASCII, not whole: every window of a
     # long text, not its first MiB (helper-131), and not the whole text again (helper-132).
-    for window in changed_windows(text, _PERCENT_ENCODED_CHAR, _encodes_a_character_read_otherwise):
-        decoded = unquote(window, errors="replace")
-        if _has_card(decoded, unsure="") or any(_has_card(reading, unsure="") for reading in run_readings(decoded)):
-            return True
-    return False
+    return any(
+        _reads_as_card(unquote(window, errors="replace"))
+        for window in changed_windows(text, _PERCENT_ENCODED_CHAR, _encodes_a_character_read_otherwise)
+    )
+
+
+def _reads_as_card(text: str) -> bool:
+    """`text` as it is, or an ASCII reading of a run in it (unicode_digits.run_readings), holds a card."""
+    return _has_card(text, unsure="") or any(_has_card(reading, unsure="") for reading in run_readings(text))
 
 
 # One character past ASCII, percent-encoded whole (two to four UTF-8 bytes).

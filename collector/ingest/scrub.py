@@ -190,11 +190,16 @@ def _ssn_after_word(found: re.Match[str], *, mark: Callable[[str, str], str]) ->
 def _phone(found: re.Match[str], *, fewest: int, most: int, mark: Callable[[str, str], str]) -> str:
     whole = found.group("number") if "number" in found.re.groupindex else found.group()
     number = _before_a_late_bracket(whole)
-    if number is not whole and not (fewest <= len(_DIGIT.findall(number)) <= most and not _NOT_A_PHONE.fullmatch(number)):
+    if number is not whole and not _phone_shaped(number, fewest, most):
         number = whole  # (cut, it is no phone: "+49 301 234 (5678)" reads as an amount then; helper-133)
-    if not fewest <= len(_DIGIT.findall(number)) <= most or _NOT_A_PHONE.fullmatch(number):
+    if not _phone_shaped(number, fewest, most):
         return found.group()
     return found.group().replace(number, mark("phone", number), 1)
+
+
+def _phone_shaped(number: str, fewest: int, most: int) -> bool:
+    """A phone number's digit count, and not a date, a year list or an amount (_NOT_A_PHONE)."""
+    return fewest <= len(_DIGIT.findall(number)) <= most and not _NOT_A_PHONE.fullmatch(number)
 
 
 def _before_a_late_bracket(number: str) -> str:

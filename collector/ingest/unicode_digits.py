@@ -94,9 +94,9 @@ def changed_windows(
     """The stretches of `text` around the characters an ASCII reader reads otherwise
     (digits, spaces, dashes outside ASCII, invisible characters, tabs and line breaks),
     each holding twelve digits or more: only there can a reading hold a card that the
-    text as it is does not. Windows of at most about a kilobyte, so a long text costs
-    one character-class scan and a digit count a window more, not readings of all of
-    it (helper-130: a 10 MB body of digit groups with one zero-width space cost 9 s of
+    text as it is does not. Windows of up to 2 KB (those that meet overlap by
+    _OVERLAP), so a long text costs one character-class scan and a digit count a
+    window more, not readings of all of it (helper-130: a 10 MB body of digit groups with one zero-width space cost 9 s of
     CPU read whole). A window's edge cut inside a token stands for what it cut off
     (see _window). `trigger`: what else to open windows around (payment.py: a URL's
     percent-encoded characters), those of its finds that `keep` keeps.
@@ -200,8 +200,8 @@ def run_readings(text: str) -> Iterator[str]:
     ASCII reader does not read as one (holds_run_read_otherwise: a line break after a
     date does not), both readings of their invisible characters. Every such window: a
     budget let a card through in ordinary text, a long table of numbers (helper-131,
-    helper-132); windows hold at most about twice the text between them, so the cost
-    stays linear."""
+    helper-132); windows hold the text between them about 1.6 times at most (_OVERLAP
+    of _MOST_WINDOW), so the cost stays linear."""
     for window in changed_windows(text):
         if not holds_run_read_otherwise(window):
             continue
