@@ -36,12 +36,10 @@ class Candidate(msgspec.Struct, frozen=True):
     # A consent transition also records the visitor's latest state (newest wins).
     consent_key: bytes | None = None
     consent_state: consent.RecordedConsent | None = None
-    # What versions before the keyed hash stored for the same content (unkeyed):
-    # a record of theirs with one is this content too (a retry across the upgrade).
-    earlier_hashes: tuple[bytes, ...] = ()
-    # The same worked out on demand, only when a record of those versions is found (they
-    # cost an encoding); the argument: with the float forms of the versions before
-    # numbers were hashed as written.
+    # What versions before the keyed hash stored for the same content (unkeyed): a
+    # record of theirs with one is this content too (a retry across the upgrade). Asked
+    # for only when such a record is found (they cost an encoding); the argument: with
+    # the float forms of the versions before numbers were hashed as written.
     older_hashes: Callable[[bool], tuple[bytes, ...]] | None = None
     # A pageview's or scroll's page fact: stored as the outbox record's last
     # fact, only on those records (see storage.outbox.OutboxRecord.page).
@@ -149,8 +147,6 @@ def _same_content(record: idempotency.IdempotencyRecord, cand: Candidate) -> boo
     # A record of an earlier version holds an unkeyed hash. Only one of a version before
     # numbers were hashed as written may hold the float forms: one with `50.0` hashed as
     # written is other content than a retry with `50` (helpers 87 and 88).
-    if record.content_hash in cand.earlier_hashes:
-        return True
     with_float_forms = record.hash_form != idempotency.HASHED_AS_WRITTEN
     return cand.older_hashes is not None and record.content_hash in cand.older_hashes(with_float_forms)
 

@@ -366,7 +366,7 @@ def _candidate(client_id: str, site_id: str, ev: AcceptedEvent) -> Candidate:
     if state is None:
         return Candidate(
             ev.eid, ev.content_hash, ev.stored, _UNIT_OF[ev.meter], *facts,
-            earlier_hashes=ev.earlier_hashes, older_hashes=_older_hashes(ev), page=ev.page,
+            older_hashes=_older_hashes(ev), page=ev.page,
         )
     return Candidate(
         ev.eid,
@@ -379,14 +379,18 @@ def _candidate(client_id: str, site_id: str, ev: AcceptedEvent) -> Candidate:
             state.at_ms, state.analytics, state.identityResolution, state.thirdPartySharing, state.eid,
             identity_at_ms=state.identity_at_ms,
         ),
-        earlier_hashes=ev.earlier_hashes,
         older_hashes=_older_hashes(ev),
     )
 
 
 def _older_hashes(ev: AcceptedEvent) -> Callable[[bool], tuple[bytes, ...]] | None:
-    """Admission works them out only if it finds a record of an earlier version."""
-    return partial(earlier_event_hashes, ev.hashed_event) if ev.hashed_event is not None else None
+    """What admission asks for when it finds a record of an earlier version: an event's
+    unkeyed hashes, worked out then; a translated route's, worked out already (its
+    request's numbers were never floats)."""
+    if ev.hashed_event is not None:
+        return partial(earlier_event_hashes, ev.hashed_event)
+    earlier = ev.earlier_hashes
+    return (lambda with_float_forms: earlier) if earlier else None
 
 
 def _current_usage(services: Services, policy: UsagePolicy, period: str) -> UsageSnapshot:

@@ -80,12 +80,12 @@ def _rewrite_hash_form(storage: Storage, eid: str, hash_form: int) -> None:
 def test_a_record_with_an_earlier_versions_hash_is_the_same_content(tmp_path: Path, hash_form: int) -> None:
     # Versions before the keyed hash stored an unkeyed one (and before 2026-11-24 with
     # free-form map keys in the order sent): a retry of a request they stored carries
-    # those hashes as earlier_hashes, and is a duplicate of their record.
+    # those hashes (older_hashes), and is a duplicate of their record.
     storage = Storage(tmp_path)
     run_job_now(storage, admission(["a"], content=b"o" * 16))
     _rewrite_hash_form(storage, "a", hash_form)
     retry = admission(["a"], content=b"n" * 16)
-    retry.candidates = [msgspec.structs.replace(c, earlier_hashes=(b"x" * 16, b"o" * 16)) for c in retry.candidates]
+    retry.candidates = [msgspec.structs.replace(c, older_hashes=lambda _: (b"x" * 16, b"o" * 16)) for c in retry.candidates]
     result: AdmissionResult = run_job_now(storage, retry)
     assert result.duplicate == [True]
     with pytest.raises(JobRefused):  # anything else is still a conflict
@@ -101,7 +101,7 @@ def test_a_keyed_record_is_compared_with_the_keyed_hash_alone(tmp_path: Path) ->
         record = idempotency.decode(txn.get(idempotency.ledger_key("acme", "a"), db=storage.dbs.idempotency))
     assert record.hash_form == idempotency.HASHED_KEYED
     retry = admission(["a"], content=b"n" * 16)
-    retry.candidates = [msgspec.structs.replace(c, earlier_hashes=(b"o" * 16,)) for c in retry.candidates]
+    retry.candidates = [msgspec.structs.replace(c, older_hashes=lambda _: (b"o" * 16,)) for c in retry.candidates]
     with pytest.raises(JobRefused):
         run_job_now(storage, retry)
     assert run_job_now(storage, admission(["a"], content=b"o" * 16)).duplicate == [True]
