@@ -67,17 +67,30 @@ _WORD = (
     r"|handy|mobil|natel|m[oó]vil|celular|portable|telefone|telefono|телефон|моб|电话|電話|手机|携帯|هاتف|جوال|تلفن)"
     r"(?!\w))"
 )
+_AFTER_WORD_NUMBER = r"\+?[\d(][\d\s().\-/]{4,22}\d"
 _PHONES = (
     # international: + or 00 and a country code
     (re.compile(r"(?<![\d+])\+\d[\d\s().\-/]{5,22}\d" + _END), 8, 15),
     (re.compile(_NEW_NUMBER + r"00\s?[1-9][\d\s().\-/]{6,22}\d" + _END), 10, 17),
     # after a word that names a phone
-    (re.compile(_WORD + r"[.:：]*\s*(?P<number>\+?[\d(][\d\s().\-/]{4,22}\d)" + _END), 7, 15),
+    (re.compile(_WORD + r"[.:：]*\s*(?P<number>" + _AFTER_WORD_NUMBER + ")" + _END), 7, 15),
     # North American, with or without its leading 1
     (re.compile(r"(?<![\w.+-])(?:1[-.\s])?(?:\(\d{3}\)\s?|\d{3}[-.\s])\d{3}[-.\s]\d{4}" + _END), 10, 11),
     # national, starting with 0 or with an area code in brackets; possessive: a long
     # run of digits fails at once instead of trying every way to split it
     (re.compile(_NEW_NUMBER + r"(?:0\d{1,4}+|\(0\d{1,4}\)\s?)(?:[\s/-]?\d{2,8}+){1,4}+" + _END), 9, 11),
+)
+# What each of two numbers in a row must be on its own (_numbers_in_a_row): the number
+# its pattern finds, a word before it or not.
+_ONE_NUMBER = {pattern: re.compile(_AFTER_WORD_NUMBER) if "number" in pattern.groupindex else pattern
+               for pattern, _, _ in _PHONES}
+# Between two numbers in a row: spaces, or a slash, comma or semicolon with spaces around it.
+_BETWEEN_NUMBERS = re.compile(r"\s*[/,;]\s*|\s+")
+# A number right after a phone number, only spaces and a list mark between (its found
+# marker, or the sentinels of one): the rest of a second number that a pattern's find
+# cut short ("Tel: 030 1234567 / 030 7654321" finds "030 1234567 / 030": helper-133).
+_AFTER_A_PHONE = re.compile(
+    r"(?P<before>(?:\[phone\]|\ufdd2+)\s*[/,;]?\s*)(?P<number>\+?\d[\d\s().\-/]{3,22}\d)" + _END
 )
 _DIGIT = re.compile(r"\d")
 _SEVEN_DIGITS = re.compile(r"(?:\D*\d){7}")  # fewer: no phone number or SSN can be there
@@ -178,6 +191,9 @@ def _scrubbed(text: str, mark: Callable[[str, str], str]) -> str:
         scrubbed = _SSN_AFTER_WORD.sub(partial(_ssn_after_word, mark=mark), scrubbed)
         for pattern, fewest, most in _PHONES:
             scrubbed = pattern.sub(partial(_phone, fewest=fewest, most=most, mark=mark), scrubbed)
+        before = None
+        while scrubbed != before:  # one more after each (a list of three)
+            before, scrubbed = scrubbed, _AFTER_A_PHONE.sub(partial(_number_after_a_phone, mark=mark), scrubbed)
     return scrubbed
 
 
@@ -192,9 +208,38 @@ def _phone(found: re.Match[str], *, fewest: int, most: int, mark: Callable[[str,
     number = _before_a_late_bracket(whole)
     if number is not whole and not _phone_shaped(number, fewest, most):
         number = whole  # (cut, it is no phone: "+49 301 234 (5678)" reads as an amount then; helper-133)
-    if not _phone_shaped(number, fewest, most):
+    if _phone_shaped(number, fewest, most):
+        return found.group().replace(number, mark("phone", number), 1)
+    # Too many digits for one: two or more in a row, each found whole ("030 1234567 030
+    # 7654321" was kept, its 17 digits no phone number; helper-133).
+    numbers = _numbers_in_a_row(whole, _ONE_NUMBER[found.re], fewest, most)
+    if len(numbers) < 2:
         return found.group()
-    return found.group().replace(number, mark("phone", number), 1)
+    text = found.group()
+    for number in numbers:
+        at = text.index(number)
+        text = text[:at] + text[at:].replace(number, mark("phone", number), 1)
+    return text
+
+
+def _numbers_in_a_row(run: str, one: re.Pattern[str], fewest: int, most: int) -> list[str]:
+    """The phone numbers that `run` starts with, one after the other where _BETWEEN_NUMBERS
+    is, each one that `one` finds whole; what follows the last is left (a pattern's find
+    ends after at most so many groups)."""
+    if one.fullmatch(run) and _phone_shaped(run, fewest, most):
+        return [run]
+    for between in _BETWEEN_NUMBERS.finditer(run):
+        first = run[: between.start()]
+        if one.fullmatch(first) and _phone_shaped(first, fewest, most):
+            return [first, *_numbers_in_a_row(run[between.end() :], one, fewest, most)]
+    return []
+
+
+def _number_after_a_phone(found: re.Match[str], *, mark: Callable[[str, str], str]) -> str:
+    number = found.group("number")
+    if not _phone_shaped(number, 5, 15):
+        return found.group()
+    return found.group("before") + mark("phone", number)
 
 
 def _phone_shaped(number: str, fewest: int, most: int) -> bool:

@@ -70,6 +70,15 @@ SCRUBBED = [
     ("030 1234567 \u246b Termine", "[phone] \u246b Termine"),
     ("Call +1 415 555 0100 (24/7)", "Call [phone] (24/7)"), ("\u2122jane@example.com", "\u2122[email]"),
     ("+49 301 234 (5678)", "[phone])"),  # (the bracket is not the label's here: scrubbed whole)
+    # numbers in a row: a run too long for one, and the rest of one that a find cut short
+    ("030 1234567 030 7654321", "[phone] [phone]"), ("Tel: 030 1234567 / 030 7654321", "Tel: [phone] [phone]"),
+    ("030 1234567 030 7654321 030 1111111", "[phone] [phone] [phone]"),
+    ("Tel: 0301234567 0307654321", "Tel: [phone] [phone]"), ("+49 30 1234567 +49 30 7654321", "[phone] [phone]"),
+    ("030 1234567, 030 7654321; 030 1111111", "[phone], [phone]; [phone]"),
+    ("Hotline 030 1234567, Mo-Fr 08:00-18:00", "Hotline [phone], Mo-Fr 08:00-18:00"),
+    ("Tel. 030 1234567 / 1999-2004", "Tel. [phone] / 1999-2004"), ("Call 030 1234567 ext 1234", "Call [phone] ext 1234"),
+    ("Tel: \uff10\uff13\uff10 \uff11\uff12\uff13\uff14\uff15\uff16\uff17 / \uff10\uff13\uff10 \uff17\uff16\uff15\uff14\uff13\uff12\uff11",
+     "Tel: [phone] [phone]"),
     ("\u2121\uff10\uff13\uff0d\uff11\uff12\uff13\uff14\uff0d\uff15\uff16\uff17\uff18", "\u2121[phone]"),
     ("\u96fb\u8a71\uff1a\uff10\uff13\u30fc\uff11\uff12\uff13\uff14\u30fc\uff15\uff16\uff17\uff18", "\u96fb\u8a71\uff1a[phone]"),
 ]
