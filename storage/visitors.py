@@ -225,13 +225,15 @@ def _fold_page(pages: list[Page], ev: VisitorEvent) -> Page | None:
         return None
     # The least recently heard of, but never the current page (the snapshot's
     # scrollDepth and timeOnPageMs are its figures).
-    current = max(range(len(pages)), key=lambda i: page_order(pages[i]))
+    current = current_page(pages)
     return pages.pop(1 if current == 0 else 0)
 
 
-def page_order(page: Page) -> tuple[int, int]:
-    """Which page is current: the latest by pageview time, else by first event time."""
-    return (page[1] or page[2], page[2])
+def current_page(pages: list[Page]) -> int:
+    """Which of `pages` (not empty) is current: the latest by pageview time, else by first
+    event time, and of pages with the same times the one heard of last (a batch's pages
+    whose times ahead of the server clock were all made its receipt time)."""
+    return max(range(len(pages)), key=lambda i: (pages[i][1] or pages[i][2], pages[i][2], i))
 
 
 def fold(record: VisitorRecord | None, event: VisitorEvent) -> VisitorRecord:

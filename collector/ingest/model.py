@@ -63,7 +63,7 @@ class AcceptedEvent(msgspec.Struct, frozen=True):
     bot_category: str | None = None
     consent_state: ConsentState | None = None  # set for _consent_transition events
     visitor_id: str = ""
-    event_ms: int = 0  # the client's own timestamp (relative timing: rage clicks)
+    event_ms: int = 0  # the client's timestamp (a click's intervals; a page's, unless too far ahead: _projection_ms)
     # The unkeyed hashes versions before the keyed one stored for this content, for a
     # translated route (edge, consent); an event's are worked out from hashed_event
     # only when needed (number_forms.earlier_event_hashes).

@@ -237,6 +237,17 @@ def _page_fact(event: AnyEvent) -> tuple[str, str, float, float] | None:
     return (event.sessionId, page.path if page is not None else "", depth, time_on_page)
 
 
+def _projection_ms(event: AnyEvent, now_ms: int) -> int:
+    """The event's time for the visitor projection (see AcceptedEvent.event_ms): the
+    client's, for a click's intervals and for which page is current, except a page's
+    time further ahead than the skew, which is the server's as stored (spec 2.2;
+    helper-135: one pageview a year ahead stayed the current page for good). A time
+    behind is kept: an offline queue's pages keep their order."""
+    if event.timestamp > now_ms + SKEW_MS and isinstance(event, Pageview | Scroll):
+        return now_ms
+    return int(event.timestamp)
+
+
 def _event_id(event: AnyEvent, index: int, header_key: str | None, production: bool) -> str | None:
     if event.eid is not None:
         return event.eid
@@ -535,7 +546,7 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
                 bot_category=bot.category,
                 consent_state=consent_state,
                 visitor_id=to_store.visitorId,
-                event_ms=int(event.timestamp),
+                event_ms=_projection_ms(event, ctx.now_ms),
                 earlier_hashes=earlier_hashes,
                 # (a translated route hashes its request, whose numbers were never floats)
                 hashed_event=event if ctx.content_identity is None else None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage.visitors import VisitorRecord, VisitorView, page_order
+from storage.visitors import VisitorRecord, VisitorView, current_page
 
 STALE_AFTER_MS = 30 * 60 * 1000  # the client session idle window (spec 8.5)
 SUSPICIOUS_FROM = 25  # bot score at which a visitor that is not a bot is suspicious
@@ -67,7 +67,7 @@ def engagement(record: VisitorRecord) -> dict[str, float]:
     pages = len(record.pages) + record.pages_left
     if not pages:
         return {"scrollDepth": 0, "timeOnPageMs": 0, "averageScrollDepth": 0, "totalTimeOnPageMs": 0, "pages": 0}
-    current = max(record.pages, key=page_order) if record.pages else None
+    current = record.pages[current_page(record.pages)] if record.pages else None
     depth_total = record.depth_left + sum(page[3] for page in record.pages)
     return {
         "scrollDepth": current[3] if current else 0,

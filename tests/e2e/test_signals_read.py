@@ -271,6 +271,40 @@ async def test_scroll_depth_and_time_on_page(nursery: trio.Nursery, tmp_path: Pa
     assert body["activity"]["scrolls"] == 4
 
 
+async def test_a_page_dated_ahead_of_the_server_clock_does_not_stay_current(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # Spec 2.2: a timestamp more than 5 minutes off is overridden. A pageview a year
+    # ahead stayed the current page for good, its depth and time shown for every
+    # later page (helper-135). One only minutes behind keeps its client time.
+    server = await started(nursery, tmp_path)
+    t0 = now_ms(server)
+
+    def on(path: str) -> dict[str, object]:
+        return {"page": {"url": f"https://bigco.com{path}", "path": path, "title": path}}
+
+    await post(server, PAID, [event("e-future", "pageview", "clock", at=t0 + 365 * 86_400_000, **on("/future"))],
+               **PAID_ORIGIN)
+    for n in range(3):
+        at = now_ms(server)  # (after the receipt time the page ahead was given)
+        await post(server, PAID, [
+            event(f"e-pv{n}", "pageview", "clock", at=at, **on(f"/p{n}")),
+            event(f"e-s{n}", "scroll", "clock", at=at, depth=75, timeOnPage=5_000, **on(f"/p{n}")),
+        ], **PAID_ORIGIN)
+    await folded(server)
+    engagement = (await read(server, "clock", key=PAID, **PAID_ORIGIN)).json()["engagement"]
+    assert (engagement["scrollDepth"], engagement["timeOnPageMs"], engagement["pages"]) == (75, 5_000, 4)
+    # Two pageviews far ahead in one batch: both take the receipt time, the later one is current.
+    await post(server, PAID, [
+        event("e-f1", "pageview", "clock", at=t0 + 86_400_000, **on("/f1")),
+        event("e-f1s", "scroll", "clock", at=t0 + 86_400_000, depth=25, timeOnPage=1_000, **on("/f1")),
+        event("e-f2", "pageview", "clock", at=t0 + 86_400_000, **on("/f2")),
+    ], **PAID_ORIGIN)
+    await folded(server)
+    engagement = (await read(server, "clock", key=PAID, **PAID_ORIGIN)).json()["engagement"]
+    assert (engagement["scrollDepth"], engagement["timeOnPageMs"]) == (0, 0)
+
+
 async def test_crawler_visitor_is_a_bot(nursery: trio.Nursery, tmp_path: Path) -> None:
     server = await started(nursery, tmp_path)
     await post(server, PAID, [event(f"g{i}", "pageview", "crawler-1", ua=GPTBOT) for i in range(3)],
