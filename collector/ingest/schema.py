@@ -183,8 +183,21 @@ class Identify(Event, tag="identify", frozen=True):
     identity: dict[str, Any] | None = None
 
 
-class ConsentTransition(Event, tag="_consent_transition", frozen=True):
-    pass
+class ConsentPage(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A _consent_transition's page, which never carries content (spec 6.1; validate
+    refuses any): none of its fields is asked for. As a Page, one without a title was
+    told to add the title it was then refused for (helper-135). Fields in Page's order,
+    so a page an earlier version accepted (path and an empty title) encodes as it did."""
+
+    path: str | None = None
+    title: str | None = None
+    url: str | None = None
+    referrer: str | None = None
+
+
+class ConsentTransition(Event, tag="_consent_transition", frozen=True, kw_only=True):
+    # (kw_only as Event: the field keeps its place, so the event encodes, and hashes, as before)
+    page: ConsentPage | None = None  # type: ignore[assignment]
 
 
 AnyEvent = Pageview | Click | Scroll | Form | Custom | Identify | ConsentTransition

@@ -688,6 +688,29 @@ async def test_a_denial_in_a_refused_transition_still_stops_the_identifies_after
     assert await outbox_dump(server.data_dir) == []
 
 
+async def test_a_consent_transition_never_carries_page_content(server: RunningServer) -> None:
+    # Spec 6.1. helper-135: a page without a title was told "missing required field
+    # `title`", one with a title was then refused for it, and a path was stored.
+    consent = {"analytics": True}
+    refused = [{"path": "/account/123", "title": ""}, {"path": "/account/123"}, {"title": "Pricing"},
+               {"url": "https://acme.com/"}, {"referrer": "https://acme.com/"}]
+    events = [{**pageview(f"with-{n}", type="_consent_transition", consent=consent), "page": page}
+              for n, page in enumerate(refused)]
+    response = await post(server, {"events": events})
+    assert response.status_code == 400, response.text
+    errors = response.json()["errors"]
+    assert [(e["eid"], e["error"]) for e in errors] == [(f"with-{n}", "validation_error") for n in range(5)]
+    assert all(e["issues"] == [{"path": "$.page", "message": "a _consent_transition event never carries page"
+                                " content (path, url, title or referrer): leave `page` out"}] for e in errors), errors
+    # An empty page is no content; one an earlier version stored is a duplicate when retried.
+    empty = [{**pageview(f"empty-{n}", type="_consent_transition", consent=consent), "page": page}
+             for n, page in enumerate([{}, {"path": "", "title": ""}])]
+    assert (await post(server, {"events": empty})).json()["accepted"] == 2
+    retried = (await post(server, {"events": empty})).json()
+    assert (retried["accepted"], retried["duplicates"]) == (0, 2), retried
+    assert [row["eid"] for row in await outbox_dump(server.data_dir)] == ["empty-0", "empty-1"]
+
+
 async def test_outbox_dump_lines_survive_unicode_line_splitting(server: RunningServer) -> None:
     # helper-84: U+2028 in a stored string (JSON lets it stand raw) cut a record of
     # `outbox dump` in two for any reader splitting lines the Unicode way.

@@ -642,3 +642,19 @@ def test_translated_bodies_give_the_previous_identity_only_when_it_differs() -> 
     edge = b'{"visitorId":"v","sessionId":"s","url":"https://a.com/","consent":{"b":1,"a":2}}'
     _, _, edge_identity, edge_legacy, _ = edge_to_event(edge, user_agent="UA", now_ms=5)
     assert edge_legacy is not None and edge_legacy != edge_identity
+
+
+def test_a_consent_transition_with_an_empty_page_encodes_as_before() -> None:
+    # The idempotency hash covers the event's encoding: the page of a consent transition
+    # has its own type (schema.ConsentPage), and must keep its place and form, or a retry
+    # of one stored before that type came would be a 409.
+    from collector.ingest.content_hash import hashed_forms
+    from collector.ingest.schema import AnyEvent
+
+    sent = (b'{"type":"_consent_transition","_eid":"x","visitorId":"v","sessionId":"s","timestamp":1,'
+            b'"page":{"path":"","title":""},"device":{"userAgent":"u"},"consent":{"analytics":true}}')
+    event = msgspec.json.decode(sent, type=AnyEvent)
+    assert hashed_forms(event)[1] == (
+        b'{"type":"_consent_transition","visitorId":"v","sessionId":"s","timestamp":1,"_eid":"x",'
+        b'"page":{"path":"","title":""},"device":{"userAgent":"u"},"consent":{"analytics":true}}'
+    )
