@@ -63,7 +63,8 @@ class Router:
                 return
             if path in WEBSOCKET_ONLY:
                 await self._refuse(scope, receive, send, ServiceError(
-                    "upgrade_required", f"{path} is a WebSocket route: open it with a WebSocket upgrade",
+                    "upgrade_required", f"{path} is a WebSocket route, and this version does not serve it yet"
+                    " (a WebSocket handshake gets 404 not_found)",
                     headers={"Upgrade": "websocket"}))  # RFC 9110 15.5.22
                 return
             if not path.startswith(QUART_PREFIXES):

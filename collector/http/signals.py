@@ -64,7 +64,8 @@ def _visitor_segment(request: Request) -> bytes:
     segments = raw[len(PREFIX_BYTES) :].split(b"/") if raw.startswith(PREFIX_BYTES) else []
     if len(segments) == 2 and segments[1] == b"stream":
         raise ServiceError(
-            "upgrade_required", "GET /v1/signals/:visitorId/stream is a WebSocket: send an Upgrade request",
+            "upgrade_required", "GET /v1/signals/:visitorId/stream is a WebSocket route, and this version does not serve it yet"
+            " (a WebSocket handshake gets 404 not_found)",
             headers={"Upgrade": "websocket"},  # RFC 9110 15.5.22
         )
     # POST /v1/signals/batch is spec 4.2's direct identity API, which is not built.

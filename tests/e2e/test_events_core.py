@@ -850,6 +850,7 @@ async def test_unknown_routes_and_methods_use_the_error_format(server: RunningSe
     for path in ("/live/ws", "/signals/stream"):  # WebSocket-only routes over plain HTTP
         response = await server.client.get(path)
         assert response.status_code == 426 and response.json()["error"] == "upgrade_required"
+        assert "does not serve it yet" in response.json()["message"]
         assert response.headers["X-Request-ID"] and response.headers["Upgrade"] == "websocket"
 
 

@@ -828,7 +828,9 @@ async def test_stream_over_plain_http(nursery: trio.Nursery, tmp_path: Path) -> 
     response = await server.client.get(
         "/v1/signals/v1/stream", params={"sessionId": "s1"}, headers={"X-API-Key": FREE, **FREE_ORIGIN}
     )
-    assert_error(response, 426, "upgrade_required")
+    body = assert_error(response, 426, "upgrade_required")
+    # (helper-135: the message said "send an Upgrade request", whose answer is a 404)
+    assert "does not serve it yet" in body["message"], body
     # the path decides the route before the method does
     posted = await server.client.post("/v1/signals/v1/stream", headers={"X-API-Key": FREE, **FREE_ORIGIN})
     assert_error(posted, 426, "upgrade_required")
