@@ -63,9 +63,11 @@ _READ_OTHERWISE = re.compile(
 _INVISIBLE_FAST = re.compile(f"[{_char_class(_bmp(_INVISIBLE))}\U000e0000-\U000e0fff]")
 _DASH_CLASS = _char_class(_DASHES)
 # A run of digits of any script (`\d` is every Nd character), up to three separators
-# between two (`\s` is every space and line break; dashes, `+`, a URL's `%20`).
-_RUN = re.compile(f"\\d(?:(?:[\\s+\\-{_DASH_CLASS}]|%20){{0,3}}\\d)*")
-_RUN_OF_12 = re.compile(f"\\d(?:(?:[\\s+\\-{_DASH_CLASS}]|%20){{0,3}}\\d){{11}}")
+# between two (`\s` is every space and line break; dashes, `+`, a URL's `%20` and its
+# encoded tabs and line breaks, as payment._PERCENT_ENCODED_SPACE).
+_SEPARATOR = f"(?:[\\s+\\-{_DASH_CLASS}]|%20|%0[9a-dA-D])"
+_RUN = re.compile(f"\\d(?:{_SEPARATOR}{{0,3}}\\d)*")
+_RUN_OF_12 = re.compile(f"\\d(?:{_SEPARATOR}{{0,3}}\\d){{11}}")
 _ANY_DIGIT = re.compile(r"\d")
 _ASCII_LINE_BREAK = re.compile("[\t\n\r\v\f]")  # (the others are outside ASCII)
 
@@ -77,6 +79,21 @@ _MOST_WINDOW = 2048  # characters: a longer stretch of them is looked at in seve
 # digits of 12 characters and 18 encoded separators of 9: 390), with room for invisible
 # characters between them.
 _OVERLAP = 768
+# Where a window that takes over from a long one may start: right after a character no
+# token reaches across. Not an ASCII letter or digit, a separator, "+", "%" or "." (an
+# IBAN's groups, the "+" before a phone number, a run's glue, a decimal point), nor a
+# character read otherwise or past the BMP. Looked for this far back (helper-134: a cut
+# inside "DE51 5001 …" or before "+６２…" read an IBAN or a phone number as a card).
+_BOUNDARY_BEFORE = re.compile(
+    f".*[^A-Za-z0-9 +\\-.%\u00a0{_char_class(_bmp([*_DIGITS, *_SPACES, *_DASHES, *_INVISIBLE]))}"
+    "\t\n\r\v\f\x85\u2028\u2029\U00010000-\U0010ffff]",
+    re.S,
+)
+_BOUNDARY_LOOKBACK = 256
+# Two invisible characters or more, which a reading makes nothing or one space as it does
+# one: one stands for them, so a card spread by any number is still whole in a window
+# (helper-134: 140 zero-width spaces between its digits, 700 between its groups).
+_INVISIBLE_RUNS = re.compile(f"[{_char_class(_bmp(_INVISIBLE))}\U000e0000-\U000e0fff]{{2,}}")
 # What stands in for a run cut off before a window: a first group too long to start a
 # card, as the run's first group is not where a card may start (payment._groups_from_run).
 _CUT_RUN_BEFORE = "0" * 20
@@ -101,6 +118,8 @@ def changed_windows(
     (see _window). `trigger`: what else to open windows around (payment.py: a URL's
     percent-encoded characters), those of its finds that `keep` keeps.
     """
+    if trigger is None and _INVISIBLE_FAST.search(text) is not None:
+        text = _INVISIBLE_RUNS.sub("\u200b", text)
     start = end = -1
     for found in (trigger or _READ_OTHERWISE).finditer(text):
         if trigger is None and found.group() > "\uffff" and found.group() not in _READ_OTHERWISE_PAST_BMP:
@@ -117,13 +136,21 @@ def changed_windows(
             # percent-encoded full-width card, 171 characters, was in neither).
             if (window := _window(text, start, end)) is not None:
                 yield window
-            start, end = end - _OVERLAP, at + _REACH + 1
+            start, end = _continuation_start(text, end - _OVERLAP), at + _REACH + 1
             continue
         if end != -1 and (window := _window(text, start, end)) is not None:
             yield window
         start, end = max(0, at - _REACH), at + _REACH + 1
     if end != -1 and (window := _window(text, start, end)) is not None:
         yield window
+
+
+def _continuation_start(text: str, at: int) -> int:
+    """Just after the last character before `at` that no token reaches across
+    (_BOUNDARY_BEFORE), looking back _BOUNDARY_LOOKBACK characters; else `at` (where
+    _window's stand-ins are all there is)."""
+    boundary = _BOUNDARY_BEFORE.match(text, max(0, at - _BOUNDARY_LOOKBACK), at)
+    return boundary.end() if boundary is not None else at
 
 
 def _window(text: str, start: int, end: int) -> str | None:

@@ -401,3 +401,42 @@ def test_a_long_text_is_read_again_only_around_what_an_ascii_reader_reads_otherw
     # run of its own ("41111111111111111234" is not a card, nor its first 16 digits).
     text = "1234\u200b" * 40 + "41111111111111111234" + " 5" * 100
     assert not text_has_card(text)
+
+
+def test_a_card_between_percent_encoded_line_breaks_is_refused() -> None:
+    # helper-134: a textarea's value sent by a GET form writes its line breaks "%0D%0A";
+    # a card grouped by them was stored, in a URL, a title and the Referer.
+    for separator in ("%0D%0A", "%0a", "%09", "%0D"):
+        text = "http://localhost/pay?n=" + separator.join(_GROUPS)
+        assert text_has_card(text), separator
+        for raw in encodings({"events": [{"page": {"url": text}}]}):
+            assert find_payment_data(raw, json.loads(raw)) is not None, (separator, raw[:40])
+    wide = "%0A".join("".join(chr(0xFF10 + int(d)) for d in group) for group in _GROUPS)
+    assert text_has_card(wide)
+    assert not text_has_card("Line 1%0D%0AOrder 2026%0D%0A1234%0D%0A5678")
+
+
+def test_an_iban_grouped_by_no_break_spaces_is_no_card() -> None:
+    # helper-134: the README's example IBAN with no-break spaces was refused (its sort
+    # code and account read as a 14-digit Maestro number).
+    for iban in ("GB15\u00a0NWBK\u00a06016\u00a01359\u00a04709\u00a000", "IT17\u00a0K030\u00a06909\u00a06000"):
+        assert not text_has_card(iban), iban
+        assert not text_has_card("Bankverbindung: IBAN " + iban + "\nBIC NWBKGB2L"), iban
+
+
+def test_where_a_long_text_is_cut_into_windows_does_not_decide() -> None:
+    # helper-134: a window taking over from a long one started inside an IBAN or right
+    # after the "+" of a phone number, and read them as cards there, by position alone.
+    # Windows now start after a character no token reaches across.
+    fill = "\u30fc\u30ab" * 1500
+    for token in (" DE51\u20095001\u20090517\u20091703\u20097296\u200984 ",
+                  " GB15\u2009NWBK\u20096016\u20091359\u20094709\u200900 ",
+                  " +" + "".join(chr(0xFF10 + int(d)) for d in "62812944117715") + " "):
+        assert not [at for at in range(1180, 1330) if text_has_card(fill[:at] + token + fill[at:])], token
+    # and any number of invisible characters, between the digits or the groups, is one
+    for count in (140, 700, 3000):
+        assert text_has_card(("\u200b" * count).join(_CARD)), count
+        assert text_has_card(("\u00ad" * count).join(_GROUPS)), count
+        assert find_payment_data(*(lambda raw: (raw, json.loads(raw)))(
+            json.dumps({"t": ("\u200b" * count).join(_GROUPS)}, ensure_ascii=False).encode())) is not None
+
