@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any
+from typing import Any, cast
 
 import h11
 from h11._readers import READERS
 from h11._receivebuffer import ReceiveBuffer
+from hypercorn.protocol.events import Body, EndBody, Response, StreamClosed
+from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.protocol.ws_stream import WSStream
 
 from collector.errors import ServiceError, render_error
 from collector.http.asgi import PARSER_REFUSAL, Request
@@ -143,3 +146,52 @@ def answer_parse_errors(protocol: H11Protocol, unrouted: UnroutedAnswers) -> Non
             unrouted.record(request, ACCESS_ROUTE, status, code, started)
 
     protocol._send_error_response = send_error_response  # type: ignore[method-assign]
+    _answer_refused_handshakes(protocol, unrouted)
+
+
+def _answer_refused_handshakes(protocol: H11Protocol, unrouted: UnroutedAnswers) -> None:
+    """Make `protocol` answer a WebSocket handshake hypercorn refuses in the error format,
+    and close the connection after it.
+
+    hypercorn refuses a handshake it finds invalid (no `Sec-WebSocket-Key`, a version
+    other than 13, HTTP/1.0) before any route sees it, with a bare 400 marked
+    `Connection: close`, and then never ends the stream: the connection stayed open,
+    past keep_alive_timeout and request_timeout (it was never idle), taking one of its
+    address's connections and holding a drain to graceful_timeout (helper-136). Here the
+    answer is the error body with an X-Request-ID, an access line and a count with
+    route `http_parser`, and the stream ends, so the connection closes.
+    """
+    send = protocol.stream_send  # (the stream is made with the protocol's stream_send: set before any request)
+
+    async def stream_send(event: StreamEvent) -> None:
+        stream = protocol.stream
+        refused = isinstance(stream, WSStream) and stream.app_put is None and not stream.handshake.accepted
+        if not refused or not isinstance(event, Response | EndBody):
+            await send(event)
+            return
+        if isinstance(event, Response):
+            started = time.perf_counter()
+            request = Request({**cast(Any, stream).scope, "method": "GET"})  # (a WebSocket scope has none)
+            error = ServiceError(
+                "bad_request", "not a WebSocket handshake this server can take (RFC 6455 4.2.1: GET over"
+                " HTTP/1.1 with Sec-WebSocket-Key and Sec-WebSocket-Version 13)",
+            )
+            body = render_error(error)
+            origin = request.headers.get("origin")
+            headers: list[tuple[bytes, bytes]] = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"x-request-id", request.request_id.encode("latin-1")),
+                (b"sec-websocket-version", b"13"),  # (RFC 6455 4.4: the version it speaks)
+                (b"connection", b"close"),
+                *((name.encode(), value.encode("latin-1")) for name, value in
+                  (cors_headers(origin) if origin else ANY_ORIGIN_MAY_READ)),
+            ]
+            await send(Response(stream_id=event.stream_id, status_code=400, headers=headers))
+            await send(Body(stream_id=event.stream_id, data=body))
+            unrouted.record(request, ACCESS_ROUTE, 400, error.code, started)
+            return
+        await send(event)
+        await send(StreamClosed(stream_id=event.stream_id))
+
+    protocol.stream_send = stream_send  # type: ignore[method-assign]

@@ -1123,6 +1123,39 @@ async def test_an_empty_line_before_a_request_line_is_skipped(nursery: trio.Nurs
         assert (await _read_until_closed(stream)).startswith(b"HTTP/1.1 400")
 
 
+async def test_a_websocket_handshake_hypercorn_refuses_is_answered_and_its_connection_closed(
+    nursery: trio.Nursery, tmp_path: Path, access_lines: Callable[[], list[dict[str, Any]]]
+) -> None:
+    # helper-136: a handshake without Sec-WebSocket-Key (or of another version, or over
+    # HTTP/1.0) got a bare 400 and its connection stayed open past every timeout, taking
+    # one of its address's connections and holding a drain to graceful_timeout.
+    server = await start_server(nursery, tmp_path, access_log=True, keep_alive_timeout=30)
+    upgrade = b"Host: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nOrigin: https://acme.com\r\n"
+    sent = [
+        b"GET /live/ws HTTP/1.1\r\n" + upgrade + b"Sec-WebSocket-Version: 13\r\n\r\n",
+        b"GET /live/ws HTTP/1.1\r\n" + upgrade + b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        b"Sec-WebSocket-Version: 8\r\nX-Request-ID: ws-old\r\n\r\n",
+        b"GET /live/ws HTTP/1.0\r\n" + upgrade + b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        b"Sec-WebSocket-Version: 13\r\n\r\n",
+    ]
+    for request in sent:
+        async with await _open(server) as stream:
+            await stream.send_all(request)
+            answer = await _read_until_closed(stream)  # (closed within 5 s, not at keep_alive_timeout)
+        head, _, body = answer.partition(b"\r\n\r\n")
+        head = head.lower()
+        assert head.startswith(b"http/1.1 400"), answer[:300]
+        assert b"\r\nx-request-id: " in head and b"\r\nconnection: close" in head, head
+        assert b"\r\naccess-control-allow-origin: https://acme.com" in head, head
+        assert json.loads(body)["error"] == "bad_request", body
+        assert (b"\r\nx-request-id: ws-old\r\n" in head) == (b"ws-old" in request), head
+    lines = [line for line in access_lines() if line["route"] == "http_parser"]
+    assert [(line["status"], line["error"]) for line in lines] == [(400, "bad_request")] * 3, lines
+    assert "ws-old" in [line.get("requestId") for line in lines], lines
+    metrics = (await server.client.get("/metrics")).text
+    assert 'collector_requests_total{route="http_parser",status="400"} 3.0' in metrics
+
+
 async def test_the_http_parsers_refusals_carry_the_error_body_an_id_and_an_access_line(
     nursery: trio.Nursery, tmp_path: Path, access_lines: Callable[[], list[dict[str, Any]]]
 ) -> None:
