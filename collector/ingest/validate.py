@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import re
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import msgspec
 
@@ -233,14 +233,23 @@ _PHONE_IN_CLEAR = re.compile(r"(?<![\w+])\+[0-9][0-9 \u00a0()\-/]{6,22}[0-9]")
 _DATE = re.compile(r"\+[0-9]{4}-[0-9]{2}-[0-9]{2}")
 
 
+_URL_DECODINGS = 3  # an address encoded twice in a link's parameter is still read
+
+
 def _in_clear(text: str) -> str | None:
-    """What personal value `text` holds in clear, if any."""
-    if "@" in text and not text.lstrip().startswith("@") and _EMAIL_IN_CLEAR.search(text):
-        return "an email address"
-    if "+" in text:
-        for match in _PHONE_IN_CLEAR.finditer(text):
-            if 8 <= sum(ch.isdigit() for ch in match.group()) <= 15 and not _DATE.match(match.group()):
-                return "a phone number"
+    """What personal value `text` holds in clear, if any: as it is, or URL-encoded (a
+    campaign parameter copied from a link: `john%40example.com`, `%2B14155550123`;
+    helper-128)."""
+    for _ in range(_URL_DECODINGS + 1):
+        if "@" in text and not text.lstrip().startswith("@") and _EMAIL_IN_CLEAR.search(text):
+            return "an email address"
+        if "+" in text:
+            for match in _PHONE_IN_CLEAR.finditer(text):
+                if 8 <= sum(ch.isdigit() for ch in match.group()) <= 15 and not _DATE.match(match.group()):
+                    return "a phone number"
+        if "%" not in text or (decoded := unquote(text)) == text:
+            break
+        text = decoded
     return None
 
 

@@ -846,11 +846,20 @@ async def test_an_email_or_phone_in_clear_in_identity_is_refused_not_stored(
     response = await server.client.post("/v1/events", json=clear, headers=ACME)
     assert (response.status_code, response.json()["error"]) == (400, "validation_error"), response.text
     assert [d["path"] for d in response.json()["details"]] == ["$.identity.email", "$.identity.phone"]
-    hashed = identify("hashed", identity={"phoneSha256": "a" * 64, "crm": "12345678", "gclid": "Cj0KCQ"})
+    # URL-encoded, as a campaign parameter copied from a link has them (helper-128: stored)
+    encoded = identify("encoded", identity={"utm_term": "henry.identity%40ex.org",
+                                            "campaign": {"to": "tel%3A%2B1%20415%20555%200177"},
+                                            "twice": "henry.identity%2540ex.org", "share": "100%25 off"})
+    response = await server.client.post("/v1/events", json=encoded, headers=ACME)
+    assert (response.status_code, response.json()["error"]) == (400, "validation_error"), response.text
+    assert [d["path"] for d in response.json()["details"]] == [
+        "$.identity.campaign.to", "$.identity.twice", "$.identity.utm_term"]
+    hashed = identify("hashed", identity={"phoneSha256": "a" * 64, "crm": "12345678", "gclid": "Cj0KCQ",
+                                          "utm_content": "50%25%20off%20shoes", "ref": "%E2%9C%93"})
     response = await server.client.post("/v1/events", json=hashed, headers=ACME)
     assert response.json()["accepted"] == 1, response.text
     dump = json.dumps(await stored_events(server))
-    assert "henry.identity@ex.org" not in dump and "555 0177" not in dump
+    assert "henry.identity" not in dump and "555 0177" not in dump and "0177" not in dump
     # A form's field names are stored as sent (its values sealed): one holding an address
     # or a number was stored in clear (helper-128). Refused without repeating it.
     for index, extra in enumerate(({"values": {"answer[MKRK_jane.roe@example.com]": "yes"}},
