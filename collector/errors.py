@@ -71,6 +71,20 @@ ERRORS: dict[str, ErrorKind] = {
 }
 
 
+# The challenges of 401 answers (RFC 9110 11.6.1): how to authenticate what was refused.
+# Spec 5.1 passes a key in X-API-Key (or `?key=` for website keys), 5.2 signs server-key
+# writes, 5.4 carries stream tokens in Sec-WebSocket-Protocol; none names a scheme, so
+# these are the service's own.
+KEY_CHALLENGE = 'ApiKey realm="events", header="X-API-Key"'
+SIGNATURE_CHALLENGE = 'Service-HMAC realm="events", version=v1'
+CHALLENGES = {
+    "server_signature_required": SIGNATURE_CHALLENGE,
+    "server_signature_expired": SIGNATURE_CHALLENGE,
+    "invalid_server_signature": SIGNATURE_CHALLENGE,
+    "stream_token_required": 'StreamToken realm="streams", protocol="service-v1"',
+}
+
+
 class ServiceError(Exception):
     """A request refused with one of the spec's error codes.
 
@@ -106,8 +120,14 @@ class ServiceError(Exception):
         headers = {}
         if kind.retry_after is not None:
             headers["Retry-After"] = str(kind.retry_after)
-        headers.update(self.headers)
+        headers.update(self.own_headers())
         return headers
+
+    def own_headers(self) -> dict[str, str]:
+        """`headers`, with a 401's challenge (RFC 9110 15.5.2: every 401 carries one)."""
+        if self.status != 401:
+            return self.headers
+        return {"WWW-Authenticate": CHALLENGES.get(self.code, KEY_CHALLENGE), **self.headers}
 
 
 class RawErrorBody(Exception):

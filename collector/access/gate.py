@@ -17,8 +17,6 @@ from collector.access.scopes import require_scope
 from collector.access.tenants import KeyRecord, KeyType, Site
 from collector.errors import ServiceError
 
-WWW_AUTHENTICATE = 'Service-HMAC realm="events", version=v1'
-
 
 class Caller(msgspec.Struct, frozen=True):
     record: KeyRecord
@@ -142,8 +140,7 @@ def _check_key(
             raise ServiceError(
                 "server_signature_required",
                 "server-key event writes need X-API-Key, X-CS-Timestamp and X-CS-Signature",
-                headers={"WWW-Authenticate": WWW_AUTHENTICATE},
-            )
+                )
     if record.is_suspended:
         raise ServiceError("account_suspended", "this account is suspended")
     require_scope(record, scope, error_code="insufficient_permission")

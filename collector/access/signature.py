@@ -15,9 +15,6 @@ from collector.errors import ServiceError
 
 WINDOW_S = 300
 _SIGNATURE = re.compile(r"v1=[0-9a-f]{64}")
-WWW_AUTHENTICATE = 'Service-HMAC realm="events", version=v1'
-
-
 def signed_input(
     timestamp: str, idempotency_key: str | bytes | None, body: bytes, path: str = "/v1/events"
 ) -> bytes:
@@ -61,7 +58,6 @@ def verify_server_signature(
         raise ServiceError(
             "server_signature_required",
             "server-key event writes need X-API-Key, X-CS-Timestamp and X-CS-Signature",
-            headers={"WWW-Authenticate": WWW_AUTHENTICATE},
         )
     ts = timestamp.strip()
     if not ts.isascii() or not ts.isdigit():

@@ -270,7 +270,7 @@ async def send_refusal(
     When the client left meanwhile, or the parser answered its broken body, nothing
     is sent, and the ClientGone saying so is returned.
     """
-    headers = [*headers, *error.headers.items()]
+    headers = [*headers, *error.own_headers().items()]
     body = BodyTracker(receive)
     if not await body.finish(request):  # keep the connection usable
         headers.append(("Connection", "close"))

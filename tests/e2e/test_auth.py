@@ -101,6 +101,14 @@ async def test_server_key_needs_signature(server: RunningServer) -> None:
     assert response.status_code == 401
     assert response.json()["error"] == "server_signature_required"
     assert response.headers["WWW-Authenticate"] == 'Service-HMAC realm="events", version=v1'
+    # every 401 carries a challenge (RFC 9110 15.5.2): a key's where none was sent or known
+    for headers in ({}, {"X-API-Key": "cs_live_unknown0000000"}):
+        refused = await server.client.post("/v1/events", content=body, headers=headers)
+        assert refused.status_code == 401, refused.text
+        assert refused.headers["WWW-Authenticate"] == 'ApiKey realm="events", header="X-API-Key"'
+    refused = await server.client.get("/v1/signals/v1", params={"sessionId": "s1"})
+    assert (refused.status_code, refused.headers["WWW-Authenticate"]) == (
+        401, 'ApiKey realm="events", header="X-API-Key"')
     # the key parameter is never accepted for server event writes
     ts = str(int(time.time()))
     response = await server.client.post(

@@ -58,7 +58,7 @@ def test_signature_errors() -> None:
     assert code_of(verify_server_signature, **{**base, "body": b"{ }"}, now_s=1000) == "invalid_server_signature"
     with pytest.raises(ServiceError) as info:
         verify_server_signature(**{**base, "timestamp": ""}, now_s=1000)
-    assert info.value.headers["WWW-Authenticate"] == 'Service-HMAC realm="events", version=v1'
+    assert info.value.response_headers()["WWW-Authenticate"] == 'Service-HMAC realm="events", version=v1'
     # A timestamp in milliseconds never passes, however fresh: the message says why
     # (it said "re-sign with the current time", which an SDK signing in ms already did).
     now = 1_795_600_000.0
