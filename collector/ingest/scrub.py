@@ -67,31 +67,32 @@ _WORD = (
     r"|handy|mobil|natel|m[oó]vil|celular|portable|telefone|telefono|телефон|моб|电话|電話|手机|携帯|هاتف|جوال|تلفن)"
     r"(?!\w))"
 )
-_AFTER_WORD_NUMBER = r"\+?[\d(][\d\s().\-/]{4,22}\d"
+# (up to 60 characters: two numbers in a row are read whole, then apart; _numbers_in_a_row)
+_AFTER_WORD_NUMBER = r"\+?[\d(][\d\s().\-/]{4,60}\d"
+_INTERNATIONAL = (re.compile(r"(?<![\d+])\+\d[\d\s().\-/]{5,60}\d" + _END), 8, 15)
+_INTERNATIONAL_00 = (re.compile(_NEW_NUMBER + r"00\s?[1-9][\d\s().\-/]{6,60}\d" + _END), 10, 17)
+_NORTH_AMERICAN = (
+    re.compile(r"(?<![\w.+-])(?:1[-.\s])?(?:\(\d{3}\)\s?|\d{3}[-.\s])\d{3}[-.\s]\d{4}" + _END), 10, 11
+)
+# national, starting with 0 or with an area code in brackets; possessive: a long run of
+# digits fails at once instead of trying every way to split it (many groups: numbers in
+# a row are read whole, then apart)
+_NATIONAL = (re.compile(_NEW_NUMBER + r"(?:0\d{1,4}+|\(0\d{1,4}\)\s?)(?:[\s/-]?\d{2,8}+){1,16}+" + _END), 9, 11)
 _PHONES = (
-    # international: + or 00 and a country code
-    (re.compile(r"(?<![\d+])\+\d[\d\s().\-/]{5,22}\d" + _END), 8, 15),
-    (re.compile(_NEW_NUMBER + r"00\s?[1-9][\d\s().\-/]{6,22}\d" + _END), 10, 17),
+    _INTERNATIONAL,
+    _INTERNATIONAL_00,
     # after a word that names a phone
     (re.compile(_WORD + r"[.:：]*\s*(?P<number>" + _AFTER_WORD_NUMBER + ")" + _END), 7, 15),
-    # North American, with or without its leading 1
-    (re.compile(r"(?<![\w.+-])(?:1[-.\s])?(?:\(\d{3}\)\s?|\d{3}[-.\s])\d{3}[-.\s]\d{4}" + _END), 10, 11),
-    # national, starting with 0 or with an area code in brackets; possessive: a long
-    # run of digits fails at once instead of trying every way to split it
-    (re.compile(_NEW_NUMBER + r"(?:0\d{1,4}+|\(0\d{1,4}\)\s?)(?:[\s/-]?\d{2,8}+){1,4}+" + _END), 9, 11),
+    _NORTH_AMERICAN,
+    _NATIONAL,
 )
-# What each of two numbers in a row must be on its own (_numbers_in_a_row): the number
-# its pattern finds, a word before it or not.
-_ONE_NUMBER = {pattern: re.compile(_AFTER_WORD_NUMBER) if "number" in pattern.groupindex else pattern
-               for pattern, _, _ in _PHONES}
-# Between two numbers in a row: spaces, or a slash, comma or semicolon with spaces around it.
+# What each of numbers in a row must be on its own: one of the forms that need no word.
+_ONE_NUMBER = (_INTERNATIONAL, _INTERNATIONAL_00, _NORTH_AMERICAN, _NATIONAL)
+_FEWEST_DIGITS = min(fewest for _, fewest, _ in _ONE_NUMBER)
+_MOST_DIGITS = max(most for _, _, most in _ONE_NUMBER)
+# Where one number in a row ends and the next begins: spaces, or a slash, comma or
+# semicolon with spaces around it.
 _BETWEEN_NUMBERS = re.compile(r"\s*[/,;]\s*|\s+")
-# A number right after a phone number, only spaces and a list mark between (its found
-# marker, or the sentinels of one): the rest of a second number that a pattern's find
-# cut short ("Tel: 030 1234567 / 030 7654321" finds "030 1234567 / 030": helper-133).
-_AFTER_A_PHONE = re.compile(
-    r"(?P<before>(?:\[phone\]|\ufdd2+)\s*[/,;]?\s*)(?P<number>\+?\d[\d\s().\-/]{3,22}\d)" + _END
-)
 _DIGIT = re.compile(r"\d")
 _SEVEN_DIGITS = re.compile(r"(?:\D*\d){7}")  # fewer: no phone number or SSN can be there
 
@@ -191,9 +192,6 @@ def _scrubbed(text: str, mark: Callable[[str, str], str]) -> str:
         scrubbed = _SSN_AFTER_WORD.sub(partial(_ssn_after_word, mark=mark), scrubbed)
         for pattern, fewest, most in _PHONES:
             scrubbed = pattern.sub(partial(_phone, fewest=fewest, most=most, mark=mark), scrubbed)
-        before = None
-        while scrubbed != before:  # one more after each (a list of three)
-            before, scrubbed = scrubbed, _AFTER_A_PHONE.sub(partial(_number_after_a_phone, mark=mark), scrubbed)
     return scrubbed
 
 
@@ -210,36 +208,48 @@ def _phone(found: re.Match[str], *, fewest: int, most: int, mark: Callable[[str,
         number = whole  # (cut, it is no phone: "+49 301 234 (5678)" reads as an amount then; helper-133)
     if _phone_shaped(number, fewest, most):
         return found.group().replace(number, mark("phone", number), 1)
-    # Too many digits for one: two or more in a row, each found whole ("030 1234567 030
-    # 7654321" was kept, its 17 digits no phone number; helper-133).
-    numbers = _numbers_in_a_row(whole, _ONE_NUMBER[found.re], fewest, most)
-    if len(numbers) < 2:
-        return found.group()
+    # Too many digits for one: numbers in a row, each in a form of its own, the longest
+    # first ("030 1234567 030 7654321" was kept whole, its 17 digits no phone number, and
+    # "Tel: 030 1234567 / 030 7654321" kept 7654321; helper-133). What follows the last
+    # is kept ("+49 30 1234567 12345 Berlin").
     text = found.group()
-    for number in numbers:
+    for number in _numbers_in_a_row(whole):
         at = text.index(number)
         text = text[:at] + text[at:].replace(number, mark("phone", number), 1)
     return text
 
 
-def _numbers_in_a_row(run: str, one: re.Pattern[str], fewest: int, most: int) -> list[str]:
-    """The phone numbers that `run` starts with, one after the other where _BETWEEN_NUMBERS
-    is, each one that `one` finds whole; what follows the last is left (a pattern's find
-    ends after at most so many groups)."""
-    if one.fullmatch(run) and _phone_shaped(run, fewest, most):
-        return [run]
-    for between in _BETWEEN_NUMBERS.finditer(run):
-        first = run[: between.start()]
-        if one.fullmatch(first) and _phone_shaped(first, fewest, most):
-            return [first, *_numbers_in_a_row(run[between.end() :], one, fewest, most)]
-    return []
+def _numbers_in_a_row(run: str) -> list[str]:
+    """The phone numbers `run` starts with, one after the other where _BETWEEN_NUMBERS is,
+    each one that one of _ONE_NUMBER finds whole: of the ways to read it so, the one that
+    takes in the most digits (helper-137: the shortest first, "0612 345" of "0612 345 678 /
+    0612 345 679", cut the second in two; the longest, "+49 30 1234567 030" of "+49 30
+    1234567 030 1234567", left 1234567)."""
+    ends = [(between.start(), between.end()) for between in _BETWEEN_NUMBERS.finditer(run)]
+    ends.append((len(run), len(run)))
+    digits_before = [0]  # digits_before[i]: the digits in run[:i]
+    for char in run:
+        digits_before.append(digits_before[-1] + char.isdigit())
+    best: dict[int, tuple[int, list[str]]] = {}  # start -> (digits taken in from there, numbers)
+    for start in reversed([0, *(after for _, after in ends[:-1])]):
+        taken, numbers = 0, []
+        for end, after in ends:
+            digits = digits_before[end] - digits_before[start]
+            if end <= start or digits < _FEWEST_DIGITS:
+                continue
+            if digits > _MOST_DIGITS:
+                break  # (and every longer one: the cost stays linear in the separators)
+            if not _one_number(number := run[start:end]):
+                continue
+            rest_taken, rest = best.get(after, (0, [])) if after < len(run) else (0, [])
+            if digits + rest_taken > taken:
+                taken, numbers = digits + rest_taken, [number, *rest]
+        best[start] = (taken, numbers)
+    return best[0][1]
 
 
-def _number_after_a_phone(found: re.Match[str], *, mark: Callable[[str, str], str]) -> str:
-    number = found.group("number")
-    if not _phone_shaped(number, 5, 15):
-        return found.group()
-    return found.group("before") + mark("phone", number)
+def _one_number(text: str) -> bool:
+    return any(pattern.fullmatch(text) and _phone_shaped(text, fewest, most) for pattern, fewest, most in _ONE_NUMBER)
 
 
 def _phone_shaped(number: str, fewest: int, most: int) -> bool:

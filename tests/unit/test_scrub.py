@@ -71,14 +71,24 @@ SCRUBBED = [
     ("Call +1 415 555 0100 (24/7)", "Call [phone] (24/7)"), ("\u2122jane@example.com", "\u2122[email]"),
     ("+49 301 234 (5678)", "[phone])"),  # (the bracket is not the label's here: scrubbed whole)
     # numbers in a row: a run too long for one, and the rest of one that a find cut short
-    ("030 1234567 030 7654321", "[phone] [phone]"), ("Tel: 030 1234567 / 030 7654321", "Tel: [phone] [phone]"),
+    ("030 1234567 030 7654321", "[phone] [phone]"), ("Tel: 030 1234567 / 030 7654321", "Tel: [phone] / [phone]"),
+    # (helper-137: the shortest first number cut the second in two; the most digits win)
+    ("Tel 0612 345 678 / 0612 345 679", "Tel [phone] / [phone]"),
+    ("Tel 030 1234567 / 0171 234 5678", "Tel [phone] / [phone]"), ("Tel 415-555-0100 06 12 34 56 78", "Tel [phone] [phone]"),
+    ("+49 30 1234567 / 030 1234567", "[phone] / [phone]"), ("Tel. +49 30 1234567 12345 Berlin", "Tel. [phone] 12345 Berlin"),
+    ("030 1234567 040 7654321 089 1111111 0221 222222", "[phone] [phone] [phone] [phone]"),
+    # what follows a phone number is not one for following it (helper-137)
+    ("Tel. 030 123456, 10115 Berlin", "Tel. [phone], 10115 Berlin"), ("+44 20 7946 0958, 31.12.2024", "[phone], 31.12.2024"),
+    ("Tel 030 1234567 / 25.11.2024", "Tel [phone] / 25.11.2024"), ("Call +1 415 555 0100, 94105", "Call [phone], 94105"),
+    ("+44 20 7946 0958 / 978-3-16-148410-0", "[phone] / 978-3-16-148410-0"),
+    ("Tel. 030 1234567 / 08 00 - 20 00", "Tel. [phone] / 08 00 - 20 00"),
     ("030 1234567 030 7654321 030 1111111", "[phone] [phone] [phone]"),
     ("Tel: 0301234567 0307654321", "Tel: [phone] [phone]"), ("+49 30 1234567 +49 30 7654321", "[phone] [phone]"),
     ("030 1234567, 030 7654321; 030 1111111", "[phone], [phone]; [phone]"),
     ("Hotline 030 1234567, Mo-Fr 08:00-18:00", "Hotline [phone], Mo-Fr 08:00-18:00"),
     ("Tel. 030 1234567 / 1999-2004", "Tel. [phone] / 1999-2004"), ("Call 030 1234567 ext 1234", "Call [phone] ext 1234"),
     ("Tel: \uff10\uff13\uff10 \uff11\uff12\uff13\uff14\uff15\uff16\uff17 / \uff10\uff13\uff10 \uff17\uff16\uff15\uff14\uff13\uff12\uff11",
-     "Tel: [phone] [phone]"),
+     "Tel: [phone] / [phone]"),
     ("\u2121\uff10\uff13\uff0d\uff11\uff12\uff13\uff14\uff0d\uff15\uff16\uff17\uff18", "\u2121[phone]"),
     ("\u96fb\u8a71\uff1a\uff10\uff13\u30fc\uff11\uff12\uff13\uff14\u30fc\uff15\uff16\uff17\uff18", "\u96fb\u8a71\uff1a[phone]"),
 ]
