@@ -239,12 +239,14 @@ def _page_fact(event: AnyEvent) -> tuple[str, str, float, float] | None:
 
 def _projection_ms(event: AnyEvent, now_ms: int) -> int:
     """The event's time for the visitor projection (see AcceptedEvent.event_ms): the
-    client's, for a click's intervals and for which page is current, except a page's
-    time further ahead than the skew, which is the server's as stored (spec 2.2;
-    helper-135: one pageview a year ahead stayed the current page for good). A time
-    behind is kept: an offline queue's pages keep their order."""
+    client's, for a click's intervals and for which page is current, except that a page
+    is never later than the skew ahead of its receipt (spec 2.2 bounds a client clock by
+    it; helper-135: one pageview a year ahead stayed the current page for good). Not the
+    receipt time itself: a fast clock's page that arrived late, and so within the skew,
+    then outranked its next one (helper-137). A time behind is kept: an offline queue's
+    pages keep their order."""
     if event.timestamp > now_ms + SKEW_MS and isinstance(event, Pageview | Scroll):
-        return now_ms
+        return now_ms + SKEW_MS
     return int(event.timestamp)
 
 

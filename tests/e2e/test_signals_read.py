@@ -276,33 +276,43 @@ async def test_a_page_dated_ahead_of_the_server_clock_does_not_stay_current(
 ) -> None:
     # Spec 2.2: a timestamp more than 5 minutes off is overridden. A pageview a year
     # ahead stayed the current page for good, its depth and time shown for every
-    # later page (helper-135). One only minutes behind keeps its client time.
+    # later page (helper-135). It now counts as 5 minutes ahead of its receipt.
     server = await started(nursery, tmp_path)
-    t0 = now_ms(server)
 
     def on(path: str) -> dict[str, object]:
         return {"page": {"url": f"https://bigco.com{path}", "path": path, "title": path}}
 
-    await post(server, PAID, [event("e-future", "pageview", "clock", at=t0 + 365 * 86_400_000, **on("/future"))],
-               **PAID_ORIGIN)
-    for n in range(3):
-        at = now_ms(server)  # (after the receipt time the page ahead was given)
+    async def current(visitor: str) -> tuple[float, float]:
+        await folded(server)
+        engagement = (await read(server, visitor, key=PAID, **PAID_ORIGIN)).json()["engagement"]
+        return engagement["scrollDepth"], engagement["timeOnPageMs"]
+
+    async def page(visitor: str, eid: str, path: str, at: int, depth: int) -> None:
         await post(server, PAID, [
-            event(f"e-pv{n}", "pageview", "clock", at=at, **on(f"/p{n}")),
-            event(f"e-s{n}", "scroll", "clock", at=at, depth=75, timeOnPage=5_000, **on(f"/p{n}")),
+            event(f"{eid}-pv", "pageview", visitor, at=at, **on(path)),
+            event(f"{eid}-s", "scroll", visitor, at=at, depth=depth, timeOnPage=depth * 100, **on(path)),
         ], **PAID_ORIGIN)
-    await folded(server)
-    engagement = (await read(server, "clock", key=PAID, **PAID_ORIGIN)).json()["engagement"]
-    assert (engagement["scrollDepth"], engagement["timeOnPageMs"], engagement["pages"]) == (75, 5_000, 4)
-    # Two pageviews far ahead in one batch: both take the receipt time, the later one is current.
+
+    await post(server, PAID, [event("e-future", "pageview", "clock", at=now_ms(server) + 365 * 86_400_000,
+                                    **on("/future"))], **PAID_ORIGIN)
+    await page("clock", "p0", "/p0", now_ms(server), 75)
+    assert await current("clock") == (0, 0)  # (within its 5 minutes, the page ahead is current)
+    server.clock.offset += 6 * 60  # six minutes on
+    await page("clock", "p1", "/p1", now_ms(server), 50)
+    assert await current("clock") == (50, 5_000)
+    # A clock 5 minutes and a half fast: its page that arrived late (within the skew then)
+    # does not outrank its next one, dated further ahead (helper-137).
+    await page("fast", "a", "/a", now_ms(server) + 270_000, 25)
+    await page("fast", "b", "/b", now_ms(server) + 360_000, 75)
+    assert await current("fast") == (75, 7_500)
+    # Pages of one request far ahead count at the same time: the last one is current.
+    at = now_ms(server) + 86_400_000
     await post(server, PAID, [
-        event("e-f1", "pageview", "clock", at=t0 + 86_400_000, **on("/f1")),
-        event("e-f1s", "scroll", "clock", at=t0 + 86_400_000, depth=25, timeOnPage=1_000, **on("/f1")),
-        event("e-f2", "pageview", "clock", at=t0 + 86_400_000, **on("/f2")),
+        event("f1", "pageview", "batch", at=at, **on("/f1")),
+        event("f1s", "scroll", "batch", at=at, depth=25, timeOnPage=1_000, **on("/f1")),
+        event("f2", "pageview", "batch", at=at, **on("/f2")),
     ], **PAID_ORIGIN)
-    await folded(server)
-    engagement = (await read(server, "clock", key=PAID, **PAID_ORIGIN)).json()["engagement"]
-    assert (engagement["scrollDepth"], engagement["timeOnPageMs"]) == (0, 0)
+    assert await current("batch") == (0, 0)
 
 
 async def test_crawler_visitor_is_a_bot(nursery: trio.Nursery, tmp_path: Path) -> None:
