@@ -500,6 +500,11 @@ def prepare_batch(body: bytes, ctx: IngestContext) -> PreparedBatch:
         if drop is not None:
             dropped.append(DroppedEvent(index, eid, drop))
             continue
+        if isinstance(event, ConsentTransition) and event.page is not None:
+            # A page with only a path: accepted (as versions before this one did; their
+            # retries stay duplicates) but not stored, as a transition carries no page
+            # content (spec 6.1; validate refuses any other; helper-135, helper-137).
+            to_store = msgspec.structs.replace(event, page=None)
         if isinstance(event, Click):
             text = scrub_text(event.element.text)
             if text != event.element.text:  # stored scrubbed; the id keeps the content the client sent

@@ -185,9 +185,10 @@ class Identify(Event, tag="identify", frozen=True):
 
 class ConsentPage(msgspec.Struct, frozen=True, omit_defaults=True):
     """A _consent_transition's page, which never carries content (spec 6.1; validate
-    refuses any): none of its fields is asked for. As a Page, one without a title was
-    told to add the title it was then refused for (helper-135). Fields in Page's order,
-    so a page an earlier version accepted (path and an empty title) encodes as it did."""
+    refuses a url, title or referrer, and a path alone is not stored): none of its fields
+    is asked for. As a Page, one without a title was told to add the title it was then
+    refused for (helper-135). Fields in Page's order, so a page an earlier version
+    accepted (a path and an empty title) encodes, and hashes, as it did."""
 
     path: str | None = None
     title: str | None = None

@@ -178,11 +178,12 @@ def check_event(event: AnyEvent) -> tuple[AnyEvent, list[EventIssue]]:
     if isinstance(event, ConsentTransition):
         if event.consent is None:
             issues.append(EventIssue("$.consent", "a _consent_transition event needs consent"))
+        # (a path alone passes, and is not stored: the pipeline leaves the page out)
         sent = event.page
-        if sent is not None and (sent.path or sent.url or sent.title or sent.referrer):
+        if sent is not None and (sent.url or sent.title or sent.referrer):
             issues.append(EventIssue(
                 "$.page", "a _consent_transition event never carries page content"
-                " (path, url, title or referrer): leave `page` out"
+                " (url, title or referrer): leave `page` out"
             ))
         return event, issues
     original = event.page

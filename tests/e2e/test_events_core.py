@@ -694,8 +694,8 @@ async def test_a_consent_transition_never_carries_page_content(server: RunningSe
     # Spec 6.1. helper-135: a page without a title was told "missing required field
     # `title`", one with a title was then refused for it, and a path was stored.
     consent = {"analytics": True}
-    refused = [{"path": "/account/123", "title": ""}, {"path": "/account/123"}, {"title": "Pricing"},
-               {"url": "https://acme.com/"}, {"referrer": "https://acme.com/"}]
+    refused = [{"path": "/", "title": "Pricing"}, {"url": "https://acme.com/"}, {"title": "Pricing"},
+               {"url": "https://acme.com/", "path": "/"}, {"referrer": "https://acme.com/"}]
     events = [{**pageview(f"with-{n}", type="_consent_transition", consent=consent), "page": page}
               for n, page in enumerate(refused)]
     response = await post(server, {"events": events})
@@ -703,14 +703,18 @@ async def test_a_consent_transition_never_carries_page_content(server: RunningSe
     errors = response.json()["errors"]
     assert [(e["eid"], e["error"]) for e in errors] == [(f"with-{n}", "validation_error") for n in range(5)]
     assert all(e["issues"] == [{"path": "$.page", "message": "a _consent_transition event never carries page"
-                                " content (path, url, title or referrer): leave `page` out"}] for e in errors), errors
-    # An empty page is no content; one an earlier version stored is a duplicate when retried.
+                                " content (url, title or referrer): leave `page` out"}] for e in errors), errors
+    # An empty page is no content; a path alone passes, as earlier versions took it (their
+    # retries stay duplicates: helper-137), and is not stored (helper-135 found it stored).
     empty = [{**pageview(f"empty-{n}", type="_consent_transition", consent=consent), "page": page}
-             for n, page in enumerate([{}, {"path": "", "title": ""}])]
-    assert (await post(server, {"events": empty})).json()["accepted"] == 2
+             for n, page in enumerate([{}, {"path": "", "title": ""}, {"path": "/account/123", "title": ""},
+                                       {"path": "/account/123"}])]
+    assert (await post(server, {"events": empty})).json()["accepted"] == 4
     retried = (await post(server, {"events": empty})).json()
-    assert (retried["accepted"], retried["duplicates"]) == (0, 2), retried
-    assert [row["eid"] for row in await outbox_dump(server.data_dir)] == ["empty-0", "empty-1"]
+    assert (retried["accepted"], retried["duplicates"]) == (0, 4), retried
+    stored = await outbox_dump(server.data_dir)
+    assert [row["eid"] for row in stored] == ["empty-0", "empty-1", "empty-2", "empty-3"]
+    assert "/account/123" not in json.dumps(stored) and all("page" not in row["event"] for row in stored), stored
 
 
 async def test_outbox_dump_lines_survive_unicode_line_splitting(server: RunningServer) -> None:
