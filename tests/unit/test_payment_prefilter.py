@@ -422,6 +422,10 @@ def test_an_iban_grouped_by_no_break_spaces_is_no_card() -> None:
     for iban in ("GB15\u00a0NWBK\u00a06016\u00a01359\u00a04709\u00a000", "IT17\u00a0K030\u00a06909\u00a06000"):
         assert not text_has_card(iban), iban
         assert not text_has_card("Bankverbindung: IBAN " + iban + "\nBIC NWBKGB2L"), iban
+    # and by what else reads as separators between a card's groups (helper-137)
+    for separator in ("%0D%0A", "+", "  ", "%20"):
+        iban = separator.join(["GB15", "NWBK", "6016", "1359", "4709", "00"])
+        assert not text_has_card(iban) and not text_has_card("https://pay.example/?iban=" + iban), separator
 
 
 def test_where_a_long_text_is_cut_into_windows_does_not_decide() -> None:
