@@ -150,6 +150,8 @@ async def test_request_headers_and_addresses(nursery: trio.Nursery, tmp_path: Pa
     # Contradictions: Chromium client hints with a Firefox UA; a Firefox header with a Chrome event.
     await post("hints-vs-firefox", FIREFOX, **{"Sec-CH-UA": '"Chromium";v="131", "Google Chrome";v="131"'})
     await post("header-family", CHROME, **{"User-Agent": FIREFOX})
+    # A headless browser's own header, whatever its event says (helper-138: stored as a person).
+    await post("header-headless", CHROME, **{"User-Agent": CHROME.replace("Chrome/", "HeadlessChrome/")})
     # Behind the trusted proxy (127.0.0.1) the visitor's address comes from X-Forwarded-For.
     await post("datacenter", CHROME, **{"X-Forwarded-For": "198.51.100.9, 203.0.113.40"})
     await post("residential", CHROME, **{"X-Forwarded-For": "198.51.100.9"})
@@ -161,6 +163,7 @@ async def test_request_headers_and_addresses(nursery: trio.Nursery, tmp_path: Pa
     assert await verdicts(server) == {
         "chrome-http": (False, "human"), "beacon": (False, "human"), "chrome-hints": (False, "human"),
         "hints-vs-firefox": (True, "automation"), "header-family": (True, "automation"),
+        "header-headless": (True, "automation"),
         "datacenter": (True, "datacenter"), "residential": (False, "human"), "forged": (False, "human"),
         "dc-port": (True, "datacenter"), "dc-v6-port": (True, "datacenter"),
     }

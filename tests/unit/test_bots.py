@@ -297,6 +297,10 @@ def test_request_user_agent_header(classifier: BotClassifier) -> None:
     evidence = headers_for(classifier, {"user-agent": CHROME_WIN})
     assert web(classifier, FIXTURE_FIREFOX, request=evidence) \
         == BotVerdict(True, "automation", ("stealth:header_family",))
+    # A headless browser's header, whatever the event's user agent (helper-138).
+    evidence = headers_for(classifier, {"user-agent": CHROME_WIN.replace("Chrome/", "HeadlessChrome/")})
+    assert web(classifier, CHROME_WIN, request=evidence) \
+        == BotVerdict(True, "automation", ("stealth:header_headless",))
 
 
 # -- datacenter -----------------------------------------------------------------------------

@@ -78,6 +78,8 @@ The rules, each with its signal label:
      a browser of another family. A library or unknown header (an edge worker
      or backend relaying events, a test client such as python-httpx) is never
      compared. iOS browsers other than Safari and Firefox have no family.
+   - `header_headless`: the request's User-Agent header is a headless browser's
+     (HeadlessChrome, PhantomJS), whatever the event's user agent says.
    - `hints_brand`: Sec-CH-UA names a Chromium brand while the event's user
      agent is Firefox or Safari, which never send client hints. Chrome sends
      them only to secure origins and a beacon may carry fewer headers; their

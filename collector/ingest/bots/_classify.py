@@ -152,6 +152,8 @@ def _stealth_signals(
         return found
     if request.header_family and facts.family and request.header_family != facts.family:
         found.append("stealth:header_family")
+    if request.header_headless:
+        found.append("stealth:header_headless")
     if request.hints_chromium and facts.family in (agent.FIREFOX, agent.SAFARI):
         found.append("stealth:hints_brand")
     if request.hints_mobile and facts.desktop:
