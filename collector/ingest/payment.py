@@ -377,9 +377,11 @@ def _iban_check_digits(text: str, start: int, first: str) -> bool:
 # Its groups apart by what _DIGIT_RUN reads as separators between a card's (up to three
 # spaces, no-break spaces or `+`): helper-134's "GB15\u00a0NWBK\u00a06016\u00a0…", and
 # helper-137's "GB15%0D%0ANWBK…" (two spaces once decoded) and "GB15+NWBK+…" (a GET
-# form's), were each read as a 14-digit Maestro number.
+# form's), were each read as a 14-digit Maestro number. Its letters are capitals, as
+# IBANs are written: lower-case words were taken for its groups, and the card after
+# "Order+AB12+Visa+" or "FY24 card " was skipped as inside one (helper-140).
 _IBAN_SO_FAR = re.compile(
-    r"(?<![A-Za-z0-9])[A-Za-z]{2}[0-9]{2}(?:[ \u00a0+]{0,3}[A-Za-z0-9]{4})*[ \u00a0+]{0,3}[A-Za-z]{0,4}\Z"
+    r"(?<![A-Za-z0-9])[A-Za-z]{2}[0-9]{2}(?:[ \u00a0+]{0,3}[A-Z0-9]{4})*[ \u00a0+]{0,3}[A-Z]{0,4}\Z"
 )
 
 

@@ -426,6 +426,10 @@ def test_an_iban_grouped_by_no_break_spaces_is_no_card() -> None:
     for separator in ("%0D%0A", "+", "  ", "%20"):
         iban = separator.join(["GB15", "NWBK", "6016", "1359", "4709", "00"])
         assert not text_has_card(iban) and not text_has_card("https://pay.example/?iban=" + iban), separator
+        # but words in lower case are no IBAN's groups: the card after them is found (helper-140)
+        for head in ("Order AB12 Visa", "size XL42 visa", "FY24 card"):
+            text = separator.join([*head.split(), *_GROUPS])
+            assert text_has_card(text) and text_has_card("https://shop.example/?q=" + text), text
 
 
 def test_where_a_long_text_is_cut_into_windows_does_not_decide() -> None:
