@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import re
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote_plus, urlsplit
 
 import msgspec
 
@@ -248,7 +248,8 @@ def _in_clear(text: str) -> str | None:
             for match in _PHONE_IN_CLEAR.finditer(text):
                 if 8 <= sum(ch.isdigit() for ch in match.group()) <= 15 and not _DATE.match(match.group()):
                     return "a phone number"
-        if "%" not in text or (decoded := unquote(text)) == text:
+        # (`+` as a space too: URLSearchParams and GET forms write "%2B1+415+555+0123", helper-140)
+        if "%" not in text or (decoded := unquote_plus(text)) == text:
             break
         text = decoded
     return None
