@@ -54,7 +54,7 @@ _END = r"(?![\w-]|[.,]\d)"  # not glued to a word, and not the integer part of a
 # ("2024 2025 2026"), a US ZIP+4 and a grouped amount ("+12 345 678", "15.000.000")
 # are not phone numbers, whatever the digit count.
 _NOT_A_PHONE = re.compile(
-    r"(?:0?\d[/.-][0-3]?\d[/.-]\d{2,4}|0?\d\s[0-3]?\d\s(?:19|20)\d\d)\b.*"
+    r"(?:[0-3]?\d[/.-][0-3]?\d[/.-]\d{2,4}|[0-3]?\d\s[0-3]?\d\s(?:19|20)\d\d)\b.*"
     r"|(?:19|20)\d\d(?:[\s/.-]+(?:(?:19|20)\d\d|\d{1,2}))+"
     r"|\d{5}-\d{4}|\+?\d{1,3}(?:(?P<sep>[.,\s])\d{3})(?:(?P=sep)\d{3})*",
     re.S,
@@ -90,9 +90,14 @@ _PHONES = (
 _ONE_NUMBER = (_INTERNATIONAL, _INTERNATIONAL_00, _NORTH_AMERICAN, _NATIONAL)
 _FEWEST_DIGITS = min(fewest for _, fewest, _ in _ONE_NUMBER)
 _MOST_DIGITS = max(most for _, _, most in _ONE_NUMBER)
-# Where one number in a row ends and the next begins: spaces, or a slash, comma or
-# semicolon with spaces around it.
-_BETWEEN_NUMBERS = re.compile(r"\s*[/,;]\s*|\s+")
+_DIGIT_GROUPS = re.compile(r"\d+")
+_MOST_SEPARATORS = 12  # in a run read as numbers in a row (two numbers have up to ten)
+_ANY_NUMBER = re.compile(r"\+?[\d(][\d\s().\-/]*\d")
+# The number after a word as it was read before numbers in a row were (24 characters at most)
+_FIRST_AFTER_WORD = re.compile(r"\+?[\d(][\d\s().\-/]{4,22}\d" + _END)
+# Where one number in a row ends and the next begins: spaces, a comma or semicolon, or a
+# slash with spaces around it (one without is inside a number, "030/1234567", or a date).
+_BETWEEN_NUMBERS = re.compile(r"\s*[,;]\s*|\s+/\s+|\s+")
 _DIGIT = re.compile(r"\d")
 _SEVEN_DIGITS = re.compile(r"(?:\D*\d){7}")  # fewer: no phone number or SSN can be there
 
@@ -208,24 +213,37 @@ def _phone(found: re.Match[str], *, fewest: int, most: int, mark: Callable[[str,
         number = whole  # (cut, it is no phone: "+49 301 234 (5678)" reads as an amount then; helper-133)
     if _phone_shaped(number, fewest, most):
         return found.group().replace(number, mark("phone", number), 1)
-    # Too many digits for one: numbers in a row, each in a form of its own, the longest
-    # first ("030 1234567 030 7654321" was kept whole, its 17 digits no phone number, and
-    # "Tel: 030 1234567 / 030 7654321" kept 7654321; helper-133). What follows the last
-    # is kept ("+49 30 1234567 12345 Berlin").
+    # Too many digits for one: numbers in a row, each in a form of its own, the reading
+    # that takes in the most digits ("030 1234567 030 7654321" was kept whole, its 17
+    # digits no phone number, and "Tel: 030 1234567 / 030 7654321" kept 7654321;
+    # helper-133). After a word, any number a phone's digits long is one ("Tlf: 22 33 44
+    # 55 / 99 88 77 66"), and when none is found, the first as before numbers in a row
+    # were read (helper-140). What follows the last is kept ("+49 30 1234567 12345").
+    numbers = _numbers_in_a_row(whole)
+    if not numbers and "number" in found.re.groupindex:
+        # (numbers of no form of their own count when written alike: "08 00 - 20 00" after
+        # a phone number is opening hours, "22 33 44 55 / 99 88 77 66" two numbers)
+        numbers = _numbers_in_a_row(whole, (fewest, most))
+        if len({_grouping(number) for number in numbers}) != 1:
+            first = _FIRST_AFTER_WORD.match(whole)
+            numbers = [first.group()] if first is not None and _phone_shaped(first.group(), fewest, most) else []
     text = found.group()
-    for number in _numbers_in_a_row(whole):
+    for number in numbers:
         at = text.index(number)
         text = text[:at] + text[at:].replace(number, mark("phone", number), 1)
     return text
 
 
-def _numbers_in_a_row(run: str) -> list[str]:
+def _numbers_in_a_row(run: str, after_word: tuple[int, int] | None = None) -> list[str]:
     """The phone numbers `run` starts with, one after the other where _BETWEEN_NUMBERS is,
-    each one that one of _ONE_NUMBER finds whole: of the ways to read it so, the one that
-    takes in the most digits (helper-137: the shortest first, "0612 345" of "0612 345 678 /
-    0612 345 679", cut the second in two; the longest, "+49 30 1234567 030" of "+49 30
-    1234567 030 1234567", left 1234567)."""
+    each one that one of _ONE_NUMBER finds whole (or, `after_word`, any run of digits
+    with that many), of the ways to read it so the one that takes in the most digits
+    (helper-137: the shortest first, "0612 345" of "0612 345 678 / 0612 345 679", cut the
+    second in two; the longest, "+49 30 1234567 030" of "+49 30 1234567 030 1234567",
+    left 1234567). None for a run with more than _MOST_SEPARATORS (the cost stays small)."""
     ends = [(between.start(), between.end()) for between in _BETWEEN_NUMBERS.finditer(run)]
+    if len(ends) > _MOST_SEPARATORS:
+        return []
     ends.append((len(run), len(run)))
     digits_before = [0]  # digits_before[i]: the digits in run[:i]
     for char in run:
@@ -238,8 +256,8 @@ def _numbers_in_a_row(run: str) -> list[str]:
             if end <= start or digits < _FEWEST_DIGITS:
                 continue
             if digits > _MOST_DIGITS:
-                break  # (and every longer one: the cost stays linear in the separators)
-            if not _one_number(number := run[start:end]):
+                break  # (and every longer one)
+            if not _one_number(number := run[start:end], after_word):
                 continue
             rest_taken, rest = best.get(after, (0, [])) if after < len(run) else (0, [])
             if digits + rest_taken > taken:
@@ -248,7 +266,13 @@ def _numbers_in_a_row(run: str) -> list[str]:
     return best[0][1]
 
 
-def _one_number(text: str) -> bool:
+def _grouping(number: str) -> tuple[int, ...]:
+    return tuple(len(group) for group in _DIGIT_GROUPS.findall(number))
+
+
+def _one_number(text: str, after_word: tuple[int, int] | None) -> bool:
+    if after_word is not None and _ANY_NUMBER.fullmatch(text) and _phone_shaped(text, *after_word):
+        return True
     return any(pattern.fullmatch(text) and _phone_shaped(text, fewest, most) for pattern, fewest, most in _ONE_NUMBER)
 
 
