@@ -53,6 +53,13 @@ def _settings_from(args: argparse.Namespace) -> Settings:
     return load_settings(flags, config_file=getattr(args, "config", None))
 
 
+def _refuse_unusable_path(what: str, path: Path) -> None:
+    from storage.datadir import non_utf8_path_problem
+
+    if (problem := non_utf8_path_problem(what, path)) is not None:
+        raise UsageError(problem)
+
+
 def _check_data_dir(path: Path, *, create: bool) -> None:
     """Refuse (exit 2, one line) a path that is not a data directory, before anything writes there."""
     from storage.datadir import data_dir_problem
@@ -376,7 +383,10 @@ def cmd_keys_rotate_field_key(args: argparse.Namespace) -> int:
     from storage.field_key_ids import record_key_ids, recorded_key_ids
 
     settings = _settings_from(args)
-    if not settings.field_key_file:  # the default key file lives in the data directory
+    # The default key file lives in the data directory; one named in the settings does not,
+    # but a --data-dir given that does not exist is a typo, refused as by every command
+    # (helper-139: the file was rotated and nothing recorded).
+    if not settings.field_key_file or getattr(args, "data_dir", None) is not None:
         _check_data_dir(Path(settings.data_dir), create=False)
     if not (Path(settings.data_dir) / "data.mdb").exists():
         print(rotate(key_file_path(settings)))
@@ -476,6 +486,12 @@ def cmd_backup(args: argparse.Namespace) -> int:
         if not key_file.is_file():
             raise UsageError(f"--with-field-keys: there is no field key file at {key_file}")
         extra.append((key_file, DEFAULT_NAME))  # the name restore looks for
+    _refuse_unusable_path("the backup's destination", Path(args.dest))
+    data_dir = Path(os.path.realpath(_settings_from(args).data_dir))
+    if Path(os.path.realpath(args.dest)).is_relative_to(data_dir):
+        # (it would sit among the data it copies, and a restore into the directory
+        # then refuses it and the directory both; helper-139)
+        raise UsageError(f"the backup's destination {args.dest} is inside the data directory {data_dir}")
     with _storage(args) as storage:
         if key_file is not None:
             # a file serve would refuse is not kept as this data's key (helper-100; an
@@ -493,6 +509,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
     from storage.datadir import keep_directory_owner
 
     settings = _settings_from(args)
+    _refuse_unusable_path("the backup", Path(args.src))
+    _refuse_unusable_path("the data directory", Path(settings.data_dir))
     # Compared as real paths: /var/lib/collector is a symlink under DynamicUser,
     # and the default key file is spelled through it.
     data_dir = Path(os.path.realpath(settings.data_dir))
@@ -699,6 +717,17 @@ def _stop_operator_command(signum: int, _frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as stop:
+        # A stop signal while the command was still starting (parsing, imports): nothing
+        # was done, and it is told as later ones are, not as a traceback (helper-139).
+        signum = stop.signum if isinstance(stop, _Terminated) else signal.SIGINT
+        print(f"collector: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
+        return 128 + signum
+
+
+def _main(argv: Sequence[str] | None) -> int:
     from collector.runtime import hold_standard_descriptors
 
     hold_standard_descriptors()  # before anything opens a file
@@ -708,17 +737,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:
         return int(exit_.code or 0)
     func: Callable[[argparse.Namespace], int] = args.func
-    from collector.runtime import report_fatal_signals
-
-    report_fatal_signals()
-    if args.command != "serve":  # (serve drains on its stop signals itself)
-        signal.signal(signal.SIGTERM, _stop_operator_command)
     from collector.fieldkeys import KeyFileError
     from collector.reveal import RevealError
+    from collector.runtime import report_fatal_signals
     from collector.tenants_admin import KeyAdminError
     from storage.backup import BackupError
     from storage.errors import FormatError
 
+    report_fatal_signals()
+    if args.command != "serve":  # (serve drains on its stop signals itself)
+        signal.signal(signal.SIGTERM, _stop_operator_command)
     if args.command != "serve":
         if sys.stdout is None:  # (fd 1 closed: print() would drop what it prints, silently)
             print("collector: stdout is closed: nothing was done (the command prints its result there)",

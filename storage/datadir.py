@@ -70,8 +70,20 @@ def keep_directory_owner(
             continue
 
 
+def non_utf8_path_problem(what: str, path: Path) -> str | None:
+    """Why `path` cannot be given to LMDB, which takes UTF-8 paths only, or None (helper-139:
+    a name with bytes that are not UTF-8 ended in a traceback, and serve left it behind)."""
+    try:
+        os.fspath(path).encode("utf-8")
+    except UnicodeEncodeError:
+        return f"{what} {os.fspath(path)!r} is not valid UTF-8 (LMDB takes UTF-8 paths only): rename it"
+    return None
+
+
 def data_dir_problem(path: Path, *, create: bool) -> str | None:
     """Why `path` cannot be used as a data directory, or None. Writes nothing."""
+    if (problem := non_utf8_path_problem("the data directory", path)) is not None:
+        return problem
     if path.exists() and not path.is_dir():
         return f"{path} is not a directory"
     data_file = path / "data.mdb"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import trio
@@ -80,6 +81,12 @@ def test_backup_finds_a_field_key_file_the_config_names(tmp_path: Path) -> None:
     assert restored.returncode == 0, restored.stderr
     # the key file configured outside is left as it is, and it is said (helper-100: silent)
     assert "the backup holds a field-key file" in restored.stderr and str(keys) in restored.stderr
+    # a --data-dir given that does not exist is refused, the key file untouched (helper-139:
+    # it was rotated and nothing recorded)
+    before = keys.read_bytes()
+    typo = run_cli("keys", "rotate-field-key", "--config", str(config), data_dir=tmp_path / "dta", check=False)
+    assert typo.returncode == 2 and "no data directory" in typo.stderr, typo.stderr
+    assert keys.read_bytes() == before and not (tmp_path / "dta").exists()
 
 
 def test_backup_with_field_keys_refuses_a_key_file_serve_would_refuse(tmp_path: Path) -> None:
@@ -99,3 +106,22 @@ def test_backup_with_field_keys_refuses_a_key_file_serve_would_refuse(tmp_path: 
         refused = run_cli(*argv, data_dir=data_dir, check=False)
         assert refused.returncode == 2 and "another key" not in refused.stderr, refused.stderr
         assert refused.stderr.startswith(f"collector: field key file {key_file}: "), refused.stderr
+
+
+def test_paths_lmdb_cannot_take_and_a_backup_inside_its_data_are_refused(tmp_path: Path) -> None:
+    # helper-139: a path whose bytes are not UTF-8 ended in a traceback (exit 1), and serve
+    # left the directory behind; a backup written inside the data directory was taken,
+    # and a restore into that directory then refused both.
+    bad = str(tmp_path) + "/bad\udcffdir"  # (os.fsdecode of b"bad\xffdir")
+    for command in (("check",), ("outbox", "dump"), ("serve", "--env", "development", "--demo", "--bind",
+                                                      "127.0.0.1:1")):
+        refused = run_cli(*command, "--data-dir", bad, check=False)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+        assert refused.stderr.count("\n") == 1 and "is not valid UTF-8" in refused.stderr, refused.stderr
+    assert not os.path.lexists(os.fsencode(bad))
+    data_dir = tmp_path / "data"
+    run_cli("tenants", "import", str(write_tenants(tmp_path / "t.json")), data_dir=data_dir)
+    for dest in (bad, str(data_dir / "inside")):
+        refused = run_cli("backup", dest, data_dir=data_dir, check=False)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert sorted(path.name for path in data_dir.iterdir()) == ["data.mdb", "lock.mdb"]

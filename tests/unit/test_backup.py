@@ -575,3 +575,19 @@ def test_restore_through_a_symlink_keeps_the_default_key_file(live: Storage, tmp
     assert done.returncode == 0, done.stderr
     assert (live.path / "field-keys.json").read_bytes() == b"the key the data was sealed with"
     assert "warning" not in done.stderr and eids(live.path) == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_signal_while_a_command_starts_is_told_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], signum: int
+) -> None:
+    # helper-139: a signal in the first 0.15 s (parsing, imports) ended in a traceback
+    # (`collector.cli._Terminated: 15`, a bare KeyboardInterrupt) and the wrong status.
+    from collector import cli
+
+    def stopped() -> None:
+        raise cli._Terminated(signum) if signum == signal.SIGTERM else KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", stopped)
+    assert cli.main(["check"]) == 128 + signum
+    assert capsys.readouterr().err == f"collector: interrupted ({signal.Signals(signum).name})\n"
