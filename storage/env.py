@@ -34,6 +34,11 @@ DEFAULT_MAP_SIZE = 64 * 1024 * 1024
 DEFAULT_MAX_MAP_SIZE = 1 << 40  # a terabyte of address space: the disk ends first
 # Free pages a map at its cap keeps for the jobs that make room (1% of it when more).
 RESERVE_PAGES = 64
+# Free pages past the reserve a map at its cap needs to be ready (/readyz): what a batch
+# of ordinary events takes. With the reserve alone, a node restarted with a full map said
+# ready, and its first write, which the writer checks after it is made, was refused
+# (helper-139).
+READY_MARGIN_PAGES = 32
 
 
 
@@ -258,19 +263,20 @@ class Storage:
         capacity = map_size // stats[-1]["psize"]
         return capacity - live - 2, capacity  # (less the two meta pages)
 
-    def reads_short_of_reserve(self) -> bool:
+    def reads_short_of_reserve(self, margin: int = 0) -> bool:
         """short_of_reserve, in a read transaction of its own (for readiness)."""
         with mapped_lmdb_errors(), self.read() as txn:
-            return self.short_of_reserve(txn)
+            return self.short_of_reserve(txn, margin)
 
-    def short_of_reserve(self, txn: lmdb.Transaction) -> bool:
+    def short_of_reserve(self, txn: lmdb.Transaction, margin: int = 0) -> bool:
         """True when the map is at its cap with fewer free pages than it keeps for the
-        jobs that make room (RESERVE_PAGES, or 1% of the map when more): see storage.writer."""
+        jobs that make room (RESERVE_PAGES, or 1% of the map when more: see
+        storage.writer), and `margin` more."""
         at_cap = self.free_pages_at_cap(txn)
         if at_cap is None:
             return False
         free, capacity = at_cap
-        return free < max(RESERVE_PAGES, capacity // 100)
+        return free < max(RESERVE_PAGES, capacity // 100) + margin
 
     def usage(self) -> tuple[int, int]:
         """(map size, bytes used) for the metrics gauges."""

@@ -28,6 +28,7 @@ from collector.http.asgi import (
     send_response,
 )
 from collector.services import Services
+from storage.env import READY_MARGIN_PAGES
 from storage.errors import StorageError
 from storage.writer import WriteContext
 
@@ -59,7 +60,7 @@ def ops_handlers(
         try:
             # (a map at its cap keeps its last pages for retention: events are refused
             # then, whatever the last commit did; every worker sees the same map)
-            writable = services.storage.writable() and not services.storage.reads_short_of_reserve()
+            writable = services.storage.writable() and not services.storage.reads_short_of_reserve(READY_MARGIN_PAGES)
         except StorageError:
             writable = False
         if writable and not services.writer.healthy:

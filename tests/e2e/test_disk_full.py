@@ -115,6 +115,26 @@ async def test_a_data_file_that_may_not_grow_is_not_ready(
     assert len(await outbox_dump(server.data_dir)) == 26
 
 
+async def test_a_node_restarted_with_its_map_full_is_not_ready(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # helper-139: after a restart /readyz said 200 (the reserve itself was free) and the
+    # first write, checked by the writer once made, was refused 503.
+    server = await start_server(nursery, tmp_path, map_size_mb=2, max_map_size_mb=2)
+    status, batch = 202, 0
+    while status == 202:
+        events = [pageview(f"fill-{batch}-{i}", type="custom", name="n", label="x" * 4000) for i in range(20)]
+        status = (await server.client.post("/v1/events", json={"events": events}, headers=H)).status_code
+        batch += 1
+    server.cancel.cancel()
+    await trio.sleep(0.5)  # (its storage closed)
+    (tmp_path / "again").mkdir()
+    again = await start_server(nursery, tmp_path / "again", map_size_mb=2, max_map_size_mb=2,
+                               data_dir=str(server.data_dir))
+    ready = await again.client.get("/readyz")
+    written = await again.client.post("/v1/events", json={"events": [
+        pageview(f"after-{i}", type="custom", name="n", label="x" * 4000) for i in range(20)]}, headers=H)
+    assert (ready.status_code, written.status_code) in ((503, 503), (200, 202)), (ready.text, written.text)
+
+
 async def test_a_full_map_that_retention_empties_is_ready_again_without_traffic(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
