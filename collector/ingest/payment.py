@@ -374,15 +374,12 @@ def _iban_check_digits(text: str, start: int, first: str) -> bool:
 # The start of an IBAN written in groups, up to where a run of digits begins inside it:
 # "IT17 K" before "030 6909 ..." (a letter glued to the bank code), "GB15 NWBK " before
 # "6016 1359 4709 00" (the sort code and account: a 14-digit run).
-# Its groups apart by what _DIGIT_RUN reads as separators between a card's (up to three
-# spaces, no-break spaces or `+`): helper-134's "GB15\u00a0NWBK\u00a06016\u00a0…", and
-# helper-137's "GB15%0D%0ANWBK…" (two spaces once decoded) and "GB15+NWBK+…" (a GET
-# form's), were each read as a 14-digit Maestro number. Its letters are capitals, as
-# IBANs are written: lower-case words were taken for its groups, and the card after
-# "Order+AB12+Visa+" or "FY24 card " was skipped as inside one (helper-140).
-_IBAN_SO_FAR = re.compile(
-    r"(?<![A-Za-z0-9])[A-Za-z]{2}[0-9]{2}(?:[ \u00a0+]{0,3}[A-Z0-9]{4})*[ \u00a0+]{0,3}[A-Z]{0,4}\Z"
-)
+# Its groups apart by a space or a no-break space, which _DIGIT_RUN reads as one too
+# (helper-134: "GB15\u00a0NWBK\u00a06016\u00a0…" was read as a 14-digit Maestro number).
+# Not by more, nor by `+`, nor in capitals only: a group may be any word, and each of those
+# let cards after "FY24+CARD+" or "Order+AB12+Visa+" through (helper-140, helper-141); so an
+# IBAN written with `%0D%0A` or `+` between its groups may be refused.
+_IBAN_SO_FAR = re.compile(r"(?<![A-Za-z0-9])[A-Za-z]{2}[0-9]{2}(?:[ \u00a0]?[A-Za-z0-9]{4})*[ \u00a0]?[A-Za-z]{0,4}\Z")
 
 
 def _inside_iban(text: str, start: int) -> bool:
