@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import re
-from urllib.parse import unquote_plus, urlsplit
+from urllib.parse import unquote, unquote_plus, urlsplit
 
 import msgspec
 
@@ -240,18 +240,27 @@ _URL_DECODINGS = 3  # an address encoded twice in a link's parameter is still re
 def _in_clear(text: str) -> str | None:
     """What personal value `text` holds in clear, if any: as it is, or URL-encoded (a
     campaign parameter copied from a link: `john%40example.com`, `%2B14155550123`;
-    helper-128)."""
+    helper-128), read both with `+` as itself (`encodeURI`'s "+1%20415...") and as a space
+    (URLSearchParams' and GET forms' "%2B1+415+...", helper-140, helper-141)."""
+    readings = [text]
     for _ in range(_URL_DECODINGS + 1):
-        if "@" in text and not text.lstrip().startswith("@") and _EMAIL_IN_CLEAR.search(text):
-            return "an email address"
-        if "+" in text:
-            for match in _PHONE_IN_CLEAR.finditer(text):
-                if 8 <= sum(ch.isdigit() for ch in match.group()) <= 15 and not _DATE.match(match.group()):
-                    return "a phone number"
-        # (`+` as a space too: URLSearchParams and GET forms write "%2B1+415+555+0123", helper-140)
-        if "%" not in text or (decoded := unquote_plus(text)) == text:
+        for reading in readings:
+            if (found := _in_clear_as_it_is(reading)) is not None:
+                return found
+        readings = list({decoded for reading in readings if "%" in reading
+                         for decoded in (unquote(reading), unquote_plus(reading)) if decoded != reading})
+        if not readings:
             break
-        text = decoded
+    return None
+
+
+def _in_clear_as_it_is(text: str) -> str | None:
+    if "@" in text and not text.lstrip().startswith("@") and _EMAIL_IN_CLEAR.search(text):
+        return "an email address"
+    if "+" in text:
+        for match in _PHONE_IN_CLEAR.finditer(text):
+            if 8 <= sum(ch.isdigit() for ch in match.group()) <= 15 and not _DATE.match(match.group()):
+                return "a phone number"
     return None
 
 

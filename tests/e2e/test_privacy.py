@@ -850,11 +850,12 @@ async def test_an_email_or_phone_in_clear_in_identity_is_refused_not_stored(
     encoded = identify("encoded", identity={"utm_term": "henry.identity%40ex.org",
                                             "campaign": {"to": "tel%3A%2B1%20415%20555%200177"},
                                             "form": "p=%2B1+415+555+0177",  # (`+` a space: helper-140)
+                                            "uri": "+1%20415%20555%200177",  # (`+` itself: helper-141)
                                             "twice": "henry.identity%2540ex.org", "share": "100%25 off"})
     response = await server.client.post("/v1/events", json=encoded, headers=ACME)
     assert (response.status_code, response.json()["error"]) == (400, "validation_error"), response.text
     assert [d["path"] for d in response.json()["details"]] == [
-        "$.identity.campaign.to", "$.identity.form", "$.identity.twice", "$.identity.utm_term"]
+        "$.identity.campaign.to", "$.identity.form", "$.identity.twice", "$.identity.uri", "$.identity.utm_term"]
     hashed = identify("hashed", identity={"phoneSha256": "a" * 64, "crm": "12345678", "gclid": "Cj0KCQ",
                                           "utm_content": "50%25%20off%20shoes", "ref": "%E2%9C%93"})
     response = await server.client.post("/v1/events", json=hashed, headers=ACME)
