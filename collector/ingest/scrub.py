@@ -54,7 +54,7 @@ _END = r"(?![\w-]|[.,]\d)"  # not glued to a word, and not the integer part of a
 # ("2024 2025 2026"), a US ZIP+4 and a grouped amount ("+12 345 678", "15.000.000")
 # are not phone numbers, whatever the digit count.
 _NOT_A_PHONE = re.compile(
-    r"(?:[0-3]?\d[/.-][0-3]?\d[/.-]\d{2,4}|[0-3]?\d\s[0-3]?\d\s(?:19|20)\d\d)\b.*"
+    r"(?:0?\d[/.-][0-3]?\d[/.-]\d{2,4}|0?\d\s[0-3]?\d\s(?:19|20)\d\d)\b.*"
     r"|(?:19|20)\d\d(?:[\s/.-]+(?:(?:19|20)\d\d|\d{1,2}))+"
     r"|\d{5}-\d{4}|\+?\d{1,3}(?:(?P<sep>[.,\s])\d{3})(?:(?P=sep)\d{3})*",
     re.S,
@@ -74,10 +74,10 @@ _INTERNATIONAL_00 = (re.compile(_NEW_NUMBER + r"00\s?[1-9][\d\s().\-/]{6,60}\d" 
 _NORTH_AMERICAN = (
     re.compile(r"(?<![\w.+-])(?:1[-.\s])?(?:\(\d{3}\)\s?|\d{3}[-.\s])\d{3}[-.\s]\d{4}" + _END), 10, 11
 )
-# national, starting with 0 or with an area code in brackets; possessive: a long run of
-# digits fails at once instead of trying every way to split it (many groups: numbers in
-# a row are read whole, then apart)
-_NATIONAL = (re.compile(_NEW_NUMBER + r"(?:0\d{1,4}+|\(0\d{1,4}\)\s?)(?:[\s/-]?\d{2,8}+){1,16}+" + _END), 9, 11)
+# national, starting with 0 or with an area code in brackets; each group possessive: a long
+# run of digits fails at once instead of trying every way to split it (many groups: numbers
+# in a row are read whole, then apart; fewer when the last is glued to what follows)
+_NATIONAL = (re.compile(_NEW_NUMBER + r"(?:0\d{1,4}+|\(0\d{1,4}\)\s?)(?:[\s/-]?\d{2,8}+){1,16}" + _END), 9, 11)
 _PHONES = (
     _INTERNATIONAL,
     _INTERNATIONAL_00,
@@ -91,13 +91,23 @@ _ONE_NUMBER = (_INTERNATIONAL, _INTERNATIONAL_00, _NORTH_AMERICAN, _NATIONAL)
 _FEWEST_DIGITS = min(fewest for _, fewest, _ in _ONE_NUMBER)
 _MOST_DIGITS = max(most for _, _, most in _ONE_NUMBER)
 _DIGIT_GROUPS = re.compile(r"\d+")
-_MOST_SEPARATORS = 12  # in a run read as numbers in a row (two numbers have up to ten)
+_SLASH = re.compile("/")
+_MOST_SEPARATORS = 20  # in a run read as numbers in a row (three numbers of five groups have 14)
 _ANY_NUMBER = re.compile(r"\+?[\d(][\d\s().\-/]*\d")
-# The number after a word as it was read before numbers in a row were (24 characters at most)
-_FIRST_AFTER_WORD = re.compile(r"\+?[\d(][\d\s().\-/]{4,22}\d" + _END)
-# Where one number in a row ends and the next begins: spaces, a comma or semicolon, or a
-# slash with spaces around it (one without is inside a number, "030/1234567", or a date).
-_BETWEEN_NUMBERS = re.compile(r"\s*[,;]\s*|\s+/\s+|\s+")
+# The first number of a run as each pattern read it before numbers in a row were (a few
+# groups, or 24 characters, at most)
+_FIRST_NUMBER = {
+    _PHONES[0][0]: re.compile(r"\+\d[\d\s().\-/]{5,22}\d" + _END),
+    _PHONES[1][0]: re.compile(r"00\s?[1-9][\d\s().\-/]{6,22}\d" + _END),
+    _PHONES[2][0]: re.compile(r"\+?[\d(][\d\s().\-/]{4,22}\d" + _END),
+    _PHONES[3][0]: _PHONES[3][0],
+    _PHONES[4][0]: re.compile(r"(?:0\d{1,4}+|\(0\d{1,4}\)\s?)(?:[\s/-]?\d{2,8}+){1,4}+" + _END),
+}
+# Where one number in a row ends and the next begins: spaces, a comma or semicolon, a slash
+# or dash with spaces around it, or a slash before a number's start (`+`, `0`, a bracket:
+# "06 12 34 56 78/06 98 76 54 32"; other slashes are inside a number, "030/1234567", or a
+# date; helper-141).
+_BETWEEN_NUMBERS = re.compile(r"\s*[,;]\s*|\s+[/-]\s+|/(?=[+0(])|\s+")
 _DIGIT = re.compile(r"\d")
 _SEVEN_DIGITS = re.compile(r"(?:\D*\d){7}")  # fewer: no phone number or SSN can be there
 
@@ -225,8 +235,11 @@ def _phone(found: re.Match[str], *, fewest: int, most: int, mark: Callable[[str,
         # a phone number is opening hours, "22 33 44 55 / 99 88 77 66" two numbers)
         numbers = _numbers_in_a_row(whole, (fewest, most))
         if len({_grouping(number) for number in numbers}) != 1:
-            first = _FIRST_AFTER_WORD.match(whole)
-            numbers = [first.group()] if first is not None and _phone_shaped(first.group(), fewest, most) else []
+            numbers = []
+    if not numbers and (first := _FIRST_NUMBER[found.re].match(whole)) is not None:
+        # the first number as the patterns read it before numbers in a row were (helper-141:
+        # "+49 30 1234567/33-12-34-56" was kept whole)
+        numbers = [first.group()] if _phone_shaped(first.group(), fewest, most) else []
     text = found.group()
     for number in numbers:
         at = text.index(number)
@@ -241,15 +254,22 @@ def _numbers_in_a_row(run: str, after_word: tuple[int, int] | None = None) -> li
     (helper-137: the shortest first, "0612 345" of "0612 345 678 / 0612 345 679", cut the
     second in two; the longest, "+49 30 1234567 030" of "+49 30 1234567 030 1234567",
     left 1234567). None for a run with more than _MOST_SEPARATORS (the cost stays small)."""
-    ends = [(between.start(), between.end()) for between in _BETWEEN_NUMBERS.finditer(run)]
-    if len(ends) > _MOST_SEPARATORS:
+    betweens = [(between.start(), between.end()) for between in _BETWEEN_NUMBERS.finditer(run)]
+    if len(betweens) > _MOST_SEPARATORS:
         return []
-    ends.append((len(run), len(run)))
+    # A number may also end before any other slash, with nothing read after it there
+    # ("+33 1 23 45 67 89/33-12-34-56": helper-141).
+    ends: list[tuple[int, int | None]] = sorted(
+        [*betweens, *((slash.start(), None) for slash in _SLASH.finditer(run)
+                      if not any(start <= slash.start() < end for start, end in betweens)),
+         (len(run), None)],
+        key=lambda pair: pair[0],
+    )
     digits_before = [0]  # digits_before[i]: the digits in run[:i]
     for char in run:
         digits_before.append(digits_before[-1] + char.isdigit())
     best: dict[int, tuple[int, list[str]]] = {}  # start -> (digits taken in from there, numbers)
-    for start in reversed([0, *(after for _, after in ends[:-1])]):
+    for start in reversed([0, *(after for _, after in betweens)]):
         taken, numbers = 0, []
         for end, after in ends:
             digits = digits_before[end] - digits_before[start]
@@ -259,7 +279,7 @@ def _numbers_in_a_row(run: str, after_word: tuple[int, int] | None = None) -> li
                 break  # (and every longer one)
             if not _one_number(number := run[start:end], after_word):
                 continue
-            rest_taken, rest = best.get(after, (0, [])) if after < len(run) else (0, [])
+            rest_taken, rest = best.get(after, (0, [])) if after is not None else (0, [])
             if digits + rest_taken > taken:
                 taken, numbers = digits + rest_taken, [number, *rest]
         best[start] = (taken, numbers)
