@@ -384,9 +384,10 @@ def cmd_keys_rotate_field_key(args: argparse.Namespace) -> int:
 
     settings = _settings_from(args)
     # The default key file lives in the data directory; one named in the settings does not,
-    # but a --data-dir given that does not exist is a typo, refused as by every command
-    # (helper-139: the file was rotated and nothing recorded).
-    if not settings.field_key_file or getattr(args, "data_dir", None) is not None:
+    # but a data directory named (--data-dir, COLLECTOR_DATA_DIR, the config's data_dir)
+    # that does not exist is a typo, refused as by every command (helper-139, helper-141:
+    # the file was rotated and nothing recorded). Only the default ./data may be missing.
+    if not settings.field_key_file or settings.data_dir != Settings().data_dir:
         _check_data_dir(Path(settings.data_dir), create=False)
     if not (Path(settings.data_dir) / "data.mdb").exists():
         print(rotate(key_file_path(settings)))
@@ -717,6 +718,10 @@ def _stop_operator_command(signum: int, _frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # From here a stop signal is a KeyboardInterrupt the command cleans up after; serve
+    # puts SIGTERM back to its default until its own drain takes it (below).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _stop_operator_command)
     try:
         return _main(argv)
     except KeyboardInterrupt as stop:
@@ -745,8 +750,8 @@ def _main(argv: Sequence[str] | None) -> int:
     from storage.errors import FormatError
 
     report_fatal_signals()
-    if args.command != "serve":  # (serve drains on its stop signals itself)
-        signal.signal(signal.SIGTERM, _stop_operator_command)
+    if args.command == "serve":  # (serve drains on its stop signals itself)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if args.command != "serve":
         if sys.stdout is None:  # (fd 1 closed: print() would drop what it prints, silently)
             print("collector: stdout is closed: nothing was done (the command prints its result there)",

@@ -86,6 +86,10 @@ def test_backup_finds_a_field_key_file_the_config_names(tmp_path: Path) -> None:
     before = keys.read_bytes()
     typo = run_cli("keys", "rotate-field-key", "--config", str(config), data_dir=tmp_path / "dta", check=False)
     assert typo.returncode == 2 and "no data directory" in typo.stderr, typo.stderr
+    # also named in the environment (helper-141; the shipped unit's env file names it so)
+    typo = run_cli("keys", "rotate-field-key", "--config", str(config), check=False,
+                   env={"COLLECTOR_DATA_DIR": str(tmp_path / "dta")})
+    assert typo.returncode == 2 and "no data directory" in typo.stderr, typo.stderr
     assert keys.read_bytes() == before and not (tmp_path / "dta").exists()
 
 
