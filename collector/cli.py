@@ -718,10 +718,6 @@ def _stop_operator_command(signum: int, _frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # From here a stop signal is a KeyboardInterrupt the command cleans up after; serve
-    # puts SIGTERM back to its default until its own drain takes it (below).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _stop_operator_command)
     try:
         return _main(argv)
     except KeyboardInterrupt as stop:
@@ -750,8 +746,11 @@ def _main(argv: Sequence[str] | None) -> int:
     from storage.errors import FormatError
 
     report_fatal_signals()
-    if args.command == "serve":  # (serve drains on its stop signals itself)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # (after the imports: a handler that raises while a C extension builds its objects
+    # crashed the process, and one raised during an import was lost, helper-142; until
+    # here SIGTERM ends the process as by default)
+    if args.command != "serve":  # (serve drains on its stop signals itself)
+        signal.signal(signal.SIGTERM, _stop_operator_command)
     if args.command != "serve":
         if sys.stdout is None:  # (fd 1 closed: print() would drop what it prints, silently)
             print("collector: stdout is closed: nothing was done (the command prints its result there)",
