@@ -91,7 +91,6 @@ _ONE_NUMBER = (_INTERNATIONAL, _INTERNATIONAL_00, _NORTH_AMERICAN, _NATIONAL)
 _FEWEST_DIGITS = min(fewest for _, fewest, _ in _ONE_NUMBER)
 _MOST_DIGITS = max(most for _, _, most in _ONE_NUMBER)
 _DIGIT_GROUPS = re.compile(r"\d+")
-_SLASH = re.compile("/")
 _MOST_SEPARATORS = 20  # in a run read as numbers in a row (three numbers of five groups have 14)
 _ANY_NUMBER = re.compile(r"\+?[\d(][\d\s().\-/]*\d")
 # The first number of a run as each pattern read it before numbers in a row were (a few
@@ -236,10 +235,14 @@ def _phone(found: re.Match[str], *, fewest: int, most: int, mark: Callable[[str,
         numbers = _numbers_in_a_row(whole, (fewest, most))
         if len({_grouping(number) for number in numbers}) != 1:
             numbers = []
-    if not numbers and (first := _FIRST_NUMBER[found.re].match(whole)) is not None:
-        # the first number as the patterns read it before numbers in a row were (helper-141:
-        # "+49 30 1234567/33-12-34-56" was kept whole)
-        numbers = [first.group()] if _phone_shaped(first.group(), fewest, most) else []
+    # The first number as the patterns read it before numbers in a row were, when no
+    # reading is found or it takes in more digits than the reading (helper-141: "+49 30
+    # 1234567/33-12-34-56" was kept whole; "+33 1 23 45 67 89/..." kept its 89).
+    first = _FIRST_NUMBER[found.re].match(whole)
+    if first is not None and _phone_shaped(first.group(), fewest, most) and (
+        _digit_count(first.group()) > sum(map(_digit_count, numbers))
+    ):
+        numbers = [first.group()]
     text = found.group()
     for number in numbers:
         at = text.index(number)
@@ -257,14 +260,9 @@ def _numbers_in_a_row(run: str, after_word: tuple[int, int] | None = None) -> li
     betweens = [(between.start(), between.end()) for between in _BETWEEN_NUMBERS.finditer(run)]
     if len(betweens) > _MOST_SEPARATORS:
         return []
-    # A number may also end before any other slash, with nothing read after it there
-    # ("+33 1 23 45 67 89/33-12-34-56": helper-141).
-    ends: list[tuple[int, int | None]] = sorted(
-        [*betweens, *((slash.start(), None) for slash in _SLASH.finditer(run)
-                      if not any(start <= slash.start() < end for start, end in betweens)),
-         (len(run), None)],
-        key=lambda pair: pair[0],
-    )
+    # (a bare slash ends a number written with spaces only, "06 12 34 56 78/06 98 76 54 32":
+    # "Los 052/042/040/002" was a phone number and 002, helper-142)
+    ends: list[tuple[int, int | None]] = [*betweens, (len(run), None)]
     digits_before = [0]  # digits_before[i]: the digits in run[:i]
     for char in run:
         digits_before.append(digits_before[-1] + char.isdigit())
@@ -277,13 +275,20 @@ def _numbers_in_a_row(run: str, after_word: tuple[int, int] | None = None) -> li
                 continue
             if digits > _MOST_DIGITS:
                 break  # (and every longer one)
-            if not _one_number(number := run[start:end], after_word):
+            number = run[start:end]
+            if run[end : end + 1] == "/" and not any(char.isspace() for char in number):
+                continue
+            if not _one_number(number, after_word):
                 continue
             rest_taken, rest = best.get(after, (0, [])) if after is not None else (0, [])
             if digits + rest_taken > taken:
                 taken, numbers = digits + rest_taken, [number, *rest]
         best[start] = (taken, numbers)
     return best[0][1]
+
+
+def _digit_count(text: str) -> int:
+    return len(_DIGIT.findall(text))
 
 
 def _grouping(number: str) -> tuple[int, ...]:

@@ -27,6 +27,7 @@ KEPT = [
     "SKU 123-456-789", "EAN 4006381333931", "UPC 036000291452", "@handle", "a@b",
     # text outside ASCII that holds no one's details keeps its own characters
     "Sale ends 25.11.2024 10:00", "Termin 31.12.2024 / 01.01.2025",
+    "Los 052/042/040/002", "Modell 0589-915-195/0736",  # (helper-142: scrubbed but their last group)
     "Caf\u00e9 \u2013 ouvert 9h\u201318h", "\u6ce8\u6587\u756a\u53f7 \uff11\uff12\uff13\uff14",
     "\uff12\uff10\uff12\uff16\u5e74\uff11\uff11\u6708\uff12\uff14\u65e5", "Seite 1\u202f234", "Zeit 14:30\u201315:30 Uhr",
 ]
@@ -92,6 +93,7 @@ SCRUBBED = [
     ("Telefon: 21.34.56.78", "Telefon: [phone]"), ("Tel: +43 1 234 5678 - 0049 30 1234567", "Tel: [phone] - [phone]"),
     ("+33 1 23 45 67 89/33-12-34-56", "[phone]/33-12-34-56"), ("06 12 34 56 78 21.34.56.78", "[phone] 21.34.56.78"),
     ("Tel 06 12 34 56 78 / 06 98 76 54 32 / 07 11 22 33 44", "Tel [phone] / [phone] / [phone]"),
+    ("Call 2024-12-31 / 030/4058354", "Call 2024-12-31 / [phone]"),  # (helper-142: kept 4058354)
     ("030 1234567 030 7654321 030 1111111", "[phone] [phone] [phone]"),
     ("Tel: 0301234567 0307654321", "Tel: [phone] [phone]"), ("+49 30 1234567 +49 30 7654321", "[phone] [phone]"),
     ("030 1234567, 030 7654321; 030 1111111", "[phone], [phone]; [phone]"),
