@@ -305,10 +305,21 @@ _PERCENT_ENCODED_SPACE = re.compile("%(?:20|0[9a-dA-D])")
 _PERCENT_ENCODED_SPACE_BYTES = re.compile(b"%(?:20|0[9a-dA-D])")
 
 
+# A URL's punctuation percent-encoded ("next=%2Fpay%3Fcard%3D4111…", a URL inside a
+# parameter): read as itself, or the "D" of "%3D" is a letter glued to the card after it
+# (helper-142: all stored).
+_PERCENT_ENCODED_PUNCTUATION = re.compile("%(?:2[3569cCfF]|3[abdfABDF]|40)")
+
+
+def _decoded_punctuation(found: re.Match[str]) -> str:
+    return chr(int(found.group()[1:], 16))
+
+
 def _has_card(text: str, *, unsure: str) -> bool:
     """text_has_card, where a character in `unsure` may stand for anything (see _raw_has_card)."""
     if "%" in text:
         text = _PERCENT_ENCODED_SPACE.sub(" ", text)
+        text = _PERCENT_ENCODED_PUNCTUATION.sub(_decoded_punctuation, text)
     for match in _DIGIT_RUN.finditer(text):
         groups = _DIGIT_GROUP.findall(match.group())
         if sum(map(len, groups)) < 12:

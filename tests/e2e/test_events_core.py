@@ -429,6 +429,8 @@ async def test_a_card_number_in_a_header_the_write_keeps_refuses_it(server: Runn
     for headers, params in (({**H, "Referer": "https://acme.com/checkout?cc=4111+1111+1111+1111"}, {}),
                             # a textarea's line breaks, percent-encoded (helper-134: 202)
                             ({**H, "Referer": "https://acme.com/?c=4111%0D%0A1111%0D%0A1111%0D%0A1111"}, {}),
+                            # after percent-encoded punctuation (helper-142: 202)
+                            ({**H, "Referer": "https://acme.com/?next=%2Fpay%3Fcard%3D4111111111111111"}, {}),
                             (H, {"cc": "4111 1111 1111 1111"}), (H, {"4111111111111111": "x"}),
                             # a repeated parameter's every value (review helper-45: the last one hid it)
                             (H, [("cc", "4111111111111111"), ("cc", "x")]),

@@ -448,3 +448,14 @@ def test_where_a_long_text_is_cut_into_windows_does_not_decide() -> None:
         assert find_payment_data(*(lambda raw: (raw, json.loads(raw)))(
             json.dumps({"t": ("\u200b" * count).join(_GROUPS)}, ensure_ascii=False).encode())) is not None
 
+
+
+def test_a_card_after_percent_encoded_punctuation_is_refused() -> None:
+    # helper-142: "next=%2Fpay%3Fcard%3D4111…" (a URL inside a parameter) was stored: the
+    # "D" of "%3D" counted as a letter glued to the card.
+    for text in ("http://localhost/?next=%2Fpay%3Fcard%3D" + _CARD, "https%3A%2F%2Fshop.example%2Fpay%3Fcard%3d" + _CARD,
+                 "q%3DOrder%26cc%3D" + "%20".join(_GROUPS), "%2F" + _CARD):
+        assert text_has_card(text), text
+        for raw in encodings({"events": [{"page": {"url": text}}]}):
+            assert find_payment_data(raw, json.loads(raw)) is not None, raw[:60]
+    assert not text_has_card("ts%3D1795641333919") and not text_has_card("q%3D2024%2F11%2F25")
