@@ -274,10 +274,13 @@ def text_has_card(text: str) -> bool:
         return True
     # Decoded around each percent-encoded byte past ASCII, not whole: every window of a
     # long text, not its first MiB (helper-131), and not the whole text again (helper-132).
-    return any(
-        _reads_as_card(unquote(window, errors="replace"))
-        for window in changed_windows(text, _PERCENT_ENCODED_CHAR, _encodes_a_character_read_otherwise)
-    )
+    return any(_reads_as_card(window) for window in _decoded_url_windows(text))
+
+
+def _decoded_url_windows(text: str) -> Iterator[str]:
+    """The windows of `text` around its percent-encoded characters read otherwise, decoded."""
+    for window in changed_windows(text, _PERCENT_ENCODED_CHAR, _encodes_a_character_read_otherwise):
+        yield unquote(window, errors="replace")
 
 
 def _reads_as_card(text: str) -> bool:
@@ -533,10 +536,7 @@ def _may_hide_card_otherwise(raw: bytes) -> bool:
     if "\\" in text:
         text = _json_unescaped(text)
     if _PERCENT_ENCODED_UTF8_BYTES.search(raw):  # (the decoded windows, apart: see text_has_card)
-        text += "".join(
-            " " + unquote(window, errors="replace")
-            for window in changed_windows(text, _PERCENT_ENCODED_CHAR, _encodes_a_character_read_otherwise)
-        )
+        text += "".join(" " + window for window in _decoded_url_windows(text))
     return any(holds_run_read_otherwise(window) for window in changed_windows(text))
 
 
