@@ -78,14 +78,9 @@ _NORTH_AMERICAN = (
 # run of digits fails at once instead of trying every way to split it (many groups: numbers
 # in a row are read whole, then apart; fewer when the last is glued to what follows)
 _NATIONAL = (re.compile(_NEW_NUMBER + r"(?:0\d{1,4}+|\(0\d{1,4}\)\s?)(?:[\s/-]?\d{2,8}+){1,16}" + _END), 9, 11)
-_PHONES = (
-    _INTERNATIONAL,
-    _INTERNATIONAL_00,
-    # after a word that names a phone
-    (re.compile(_WORD + r"[.:：]*\s*(?P<number>" + _AFTER_WORD_NUMBER + ")" + _END), 7, 15),
-    _NORTH_AMERICAN,
-    _NATIONAL,
-)
+# after a word that names a phone
+_AFTER_WORD = (re.compile(_WORD + r"[.:：]*\s*(?P<number>" + _AFTER_WORD_NUMBER + ")" + _END), 7, 15)
+_PHONES = (_INTERNATIONAL, _INTERNATIONAL_00, _AFTER_WORD, _NORTH_AMERICAN, _NATIONAL)
 # What each of numbers in a row must be on its own: one of the forms that need no word.
 _ONE_NUMBER = (_INTERNATIONAL, _INTERNATIONAL_00, _NORTH_AMERICAN, _NATIONAL)
 _FEWEST_DIGITS = min(fewest for _, fewest, _ in _ONE_NUMBER)
@@ -96,11 +91,11 @@ _ANY_NUMBER = re.compile(r"\+?[\d(][\d\s().\-/]*\d")
 # The first number of a run as each pattern read it before numbers in a row were (a few
 # groups, or 24 characters, at most)
 _FIRST_NUMBER = {
-    _PHONES[0][0]: re.compile(r"\+\d[\d\s().\-/]{5,22}\d" + _END),
-    _PHONES[1][0]: re.compile(r"00\s?[1-9][\d\s().\-/]{6,22}\d" + _END),
-    _PHONES[2][0]: re.compile(r"\+?[\d(][\d\s().\-/]{4,22}\d" + _END),
-    _PHONES[3][0]: _PHONES[3][0],
-    _PHONES[4][0]: re.compile(r"(?:0\d{1,4}+|\(0\d{1,4}\)\s?)(?:[\s/-]?\d{2,8}+){1,4}+" + _END),
+    _INTERNATIONAL[0]: re.compile(r"\+\d[\d\s().\-/]{5,22}\d" + _END),
+    _INTERNATIONAL_00[0]: re.compile(r"00\s?[1-9][\d\s().\-/]{6,22}\d" + _END),
+    _AFTER_WORD[0]: re.compile(r"\+?[\d(][\d\s().\-/]{4,22}\d" + _END),
+    _NORTH_AMERICAN[0]: _NORTH_AMERICAN[0],
+    _NATIONAL[0]: re.compile(r"(?:0\d{1,4}+|\(0\d{1,4}\)\s?)(?:[\s/-]?\d{2,8}+){1,4}+" + _END),
 }
 # Where one number in a row ends and the next begins: spaces, a comma or semicolon, a slash
 # or dash with spaces around it, or a slash before a number's start (`+`, `0`, a bracket:
@@ -225,11 +220,9 @@ def _phone(found: re.Match[str], *, fewest: int, most: int, mark: Callable[[str,
     # Too many digits for one: numbers in a row, each in a form of its own, the reading
     # that takes in the most digits ("030 1234567 030 7654321" was kept whole, its 17
     # digits no phone number, and "Tel: 030 1234567 / 030 7654321" kept 7654321;
-    # helper-133). After a word, any number a phone's digits long is one ("Tlf: 22 33 44
-    # 55 / 99 88 77 66"), and when none is found, the first as before numbers in a row
-    # were read (helper-140). What follows the last is kept ("+49 30 1234567 12345").
+    # helper-133). What follows the last is kept ("+49 30 1234567 12345").
     numbers = _numbers_in_a_row(whole)
-    if not numbers and "number" in found.re.groupindex:
+    if not numbers and found.re is _AFTER_WORD[0]:
         # (numbers of no form of their own count when written alike: "08 00 - 20 00" after
         # a phone number is opening hours, "22 33 44 55 / 99 88 77 66" two numbers)
         numbers = _numbers_in_a_row(whole, (fewest, most))
@@ -260,8 +253,6 @@ def _numbers_in_a_row(run: str, after_word: tuple[int, int] | None = None) -> li
     betweens = [(between.start(), between.end()) for between in _BETWEEN_NUMBERS.finditer(run)]
     if len(betweens) > _MOST_SEPARATORS:
         return []
-    # (a bare slash ends a number written with spaces only, "06 12 34 56 78/06 98 76 54 32":
-    # "Los 052/042/040/002" was a phone number and 002, helper-142)
     ends: list[tuple[int, int | None]] = [*betweens, (len(run), None)]
     digits_before = [0]  # digits_before[i]: the digits in run[:i]
     for char in run:
@@ -277,6 +268,8 @@ def _numbers_in_a_row(run: str, after_word: tuple[int, int] | None = None) -> li
                 break  # (and every longer one)
             number = run[start:end]
             if run[end : end + 1] == "/" and not any(char.isspace() for char in number):
+                # (a bare slash ends a number written with spaces only, "06 12 34 56 78/06 98
+                # 76 54 32": "Los 052/042/040/002" was a phone number and 002, helper-142)
                 continue
             if not _one_number(number, after_word):
                 continue
@@ -303,7 +296,7 @@ def _one_number(text: str, after_word: tuple[int, int] | None) -> bool:
 
 def _phone_shaped(number: str, fewest: int, most: int) -> bool:
     """A phone number's digit count, and not a date, a year list or an amount (_NOT_A_PHONE)."""
-    return fewest <= len(_DIGIT.findall(number)) <= most and not _NOT_A_PHONE.fullmatch(number)
+    return fewest <= _digit_count(number) <= most and not _NOT_A_PHONE.fullmatch(number)
 
 
 def _before_a_late_bracket(number: str) -> str:
