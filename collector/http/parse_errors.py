@@ -126,18 +126,7 @@ def answer_parse_errors(protocol: H11Protocol, unrouted: UnroutedAnswers) -> Non
         if not client_gone:
             body = render_error(error)
             origin = request.headers.get("origin") if in_request else _origin_in_head(protocol)
-            # (a head refused before its Origin arrived, Chromium's order when a custom header
-            # is huge: any origin may read it, without credentials; it says nothing of anyone)
-            cors = cors_headers(origin) if origin else ANY_ORIGIN_MAY_READ
-            headers: list[tuple[bytes, Any]] = [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"x-request-id", request.request_id.encode("latin-1")),
-                (b"connection", b"close"),
-                # a browser script reads the refusal only with these, as every route's (helper-117)
-                *((name.encode(), value.encode("latin-1")) for name, value in cors),
-                *protocol.config.response_headers("h11"),
-            ]
+            headers = [*_refusal_head(body, request.request_id, origin), *protocol.config.response_headers("h11")]
             await protocol._send_h11_event(h11.Response(status_code=status_code, headers=headers))
             await protocol._send_h11_event(h11.Data(data=body))
             await protocol._send_h11_event(h11.EndOfMessage())
@@ -147,6 +136,21 @@ def answer_parse_errors(protocol: H11Protocol, unrouted: UnroutedAnswers) -> Non
 
     protocol._send_error_response = send_error_response  # type: ignore[method-assign]
     _answer_refused_handshakes(protocol, unrouted)
+
+
+def _refusal_head(body: bytes, request_id: str, origin: str | None) -> list[tuple[bytes, bytes]]:
+    """The headers of a refusal no route made: its JSON body's, its id, the close, and the
+    CORS headers of every route, which a browser script needs to read it (helper-117); a
+    head refused before its Origin arrived, Chromium's order when a custom header is huge,
+    may be read by any origin, without credentials: it says nothing of anyone."""
+    cors = cors_headers(origin) if origin else ANY_ORIGIN_MAY_READ
+    return [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"x-request-id", request_id.encode("latin-1")),
+        (b"connection", b"close"),
+        *((name.encode(), value.encode("latin-1")) for name, value in cors),
+    ]
 
 
 def _answer_refused_handshakes(protocol: H11Protocol, unrouted: UnroutedAnswers) -> None:
@@ -177,15 +181,9 @@ def _answer_refused_handshakes(protocol: H11Protocol, unrouted: UnroutedAnswers)
                 " HTTP/1.1 with Sec-WebSocket-Key and Sec-WebSocket-Version 13)",
             )
             body = render_error(error)
-            origin = request.headers.get("origin")
-            headers: list[tuple[bytes, bytes]] = [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"x-request-id", request.request_id.encode("latin-1")),
+            headers = [
+                *_refusal_head(body, request.request_id, request.headers.get("origin")),
                 (b"sec-websocket-version", b"13"),  # (RFC 6455 4.4: the version it speaks)
-                (b"connection", b"close"),
-                *((name.encode(), value.encode("latin-1")) for name, value in
-                  (cors_headers(origin) if origin else ANY_ORIGIN_MAY_READ)),
             ]
             await send(Response(stream_id=event.stream_id, status_code=400, headers=headers))
             await send(Body(stream_id=event.stream_id, data=body))
