@@ -211,7 +211,7 @@ def _ssn_after_word(found: re.Match[str], *, mark: Callable[[str, str], str]) ->
 
 
 def _phone(found: re.Match[str], *, fewest: int, most: int, mark: Callable[[str, str], str]) -> str:
-    whole = found.group("number") if "number" in found.re.groupindex else found.group()
+    whole = found.group("number") if found.re is _AFTER_WORD[0] else found.group()
     number = _before_a_late_bracket(whole)
     if number is not whole and not _phone_shaped(number, fewest, most):
         number = whole  # (cut, it is no phone: "+49 301 234 (5678)" reads as an amount then; helper-133)
